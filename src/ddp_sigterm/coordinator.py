@@ -1,0 +1,131 @@
+"""The framework-agnostic core: ask ``should_stop()`` at every step boundary, on every rank.
+
+Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
+
+    stop = StopCoordinator()          # after init_process_group, at the same point on every rank
+    stop.start()                      # installs the recording handlers
+    try:
+        for step, batch in enumerate(loader):
+            train_step(batch)
+            if stop.should_stop(step):   # every rank, every step: same answer everywhere
+                save_checkpoint(step)
+                raise SystemExit(stop.exit_code)  # 128 + signal number
+    finally:
+        stop.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from ddp_sigterm.agreement import Agreement
+from ddp_sigterm.cadence import Cadence
+from ddp_sigterm.settings import Settings
+from ddp_sigterm.signals import SignalRecorder
+
+
+@dataclasses.dataclass(frozen=True)
+class StopDecision:
+    """What every rank agreed on. ``received_at`` and ``decided_at`` are ``time.monotonic()`` values
+    of this process; ``received_at`` is None on a rank that was not signalled itself."""
+
+    signum: int
+    step: int | None
+    boundary: int
+    decided_at: float
+    received_at: float | None
+    boundaries_since_signal: int | None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopCoordinator:
+    """Records stop signals and agrees, across ranks, at which step boundary everyone stops."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings if settings is not None else Settings.resolve()
+        self.recorder = SignalRecorder(self.settings.signal_numbers)
+        self.cadence = Cadence(self.settings.check_budget, self.settings.max_delay)
+        self.agreement: Agreement | None = None
+        self.decision: StopDecision | None = None
+        self.boundary = 0  # step boundaries passed, counted the same way on every rank
+        self._next_check = 1
+        self._window_start = 0.0
+        self._window_boundary = 0
+        self._signal_boundary: int | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self, install_handlers: bool = True) -> None:
+        """Create the agreement group (a collective: every rank, same point) and, unless the
+        framework composes signal handlers itself, install the recording handlers."""
+        if self.agreement is None:
+            self.agreement = Agreement(self.settings.agreement_timeout)
+        if install_handlers:
+            self.recorder.install()
+        else:
+            self.recorder.activate()
+        self._window_start = time.monotonic()
+
+    def close(self) -> None:
+        """Restore the signal handlers and destroy the agreement group. Safe to call twice."""
+        self.recorder.restore()
+        if self.agreement is not None:
+            self.agreement.close()
+            self.agreement = None
+
+    # -- the decision --------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.agreement.world_size if self.agreement is not None else 1
+
+    @property
+    def rank(self) -> int:
+        return self.agreement.rank if self.agreement is not None else 0
+
+    def should_stop(self, step: int | None = None) -> bool:
+        """Call at every step boundary on every rank. Returns True on every rank at the same boundary.
+
+        Between agreements it only counts; at the agreed cadence it runs the agreement. ``step``
+        is used in the decision and in error messages. Once True, it stays True.
+        """
+        if self.decision is not None:
+            return True
+        self.boundary += 1
+        if self.recorder.signum and self._signal_boundary is None:
+            self._signal_boundary = self.boundary
+        if self.world_size == 1:
+            return self._decide(self.recorder.signum, step, time.monotonic()) if self.recorder.signum else False
+        if self.boundary < self._next_check:
+            return False
+        return self.decide_now(step)
+
+    def decide_now(self, step: int | None = None) -> bool:
+        """Run the agreement now, off-cadence. Every rank must call it at the same point, for
+        instance once at the end of a run so that a late signal is not lost."""
+        if self.decision is not None:
+            return True
+        if self.agreement is None:
+            raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
+        started = time.monotonic()
+        where = f"step {step} (boundary {self.boundary})" if step is not None else f"boundary {self.boundary}"
+        signum, interval = self.agreement.decide(self.recorder.signum, self.cadence.propose(), where)
+        finished = time.monotonic()
+        self.cadence.observe(started - self._window_start, self.boundary - self._window_boundary, finished - started)
+        self._window_start, self._window_boundary = finished, self.boundary
+        self._next_check = self.boundary + interval
+        return self._decide(signum, step, finished) if signum else False
+
+    def _decide(self, signum: int, step: int | None, now: float) -> bool:
+        since = None if self._signal_boundary is None else self.boundary - self._signal_boundary
+        self.decision = StopDecision(signum, step, self.boundary, now, self.recorder.received_at, since)
+        return True
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the agreed signal number, the code a process killed by that signal would report."""
+        if self.decision is None:
+            raise RuntimeError("ddp_sigterm: no stop was agreed")
+        return self.decision.exit_code

@@ -1,0 +1,128 @@
+"""Settings: one validated dataclass, overridden by ``DDP_SIGTERM_*`` environment variables.
+
+Precedence, lowest to highest: the field defaults, the arguments given in code, the environment.
+The environment wins so that an operator can change a job's behaviour without editing its script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+from collections.abc import Mapping
+from typing import Any
+
+ENV_PREFIX = "DDP_SIGTERM"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SettingsError(ValueError):
+    """A setting or its environment variable has a value that cannot work."""
+
+
+def signal_number(name: str | int | signal.Signals) -> int:
+    """Return the number of a signal given as ``"SIGTERM"``, ``"TERM"``, ``15`` or ``signal.SIGTERM``."""
+    if isinstance(name, int):
+        try:
+            return int(signal.Signals(name))
+        except ValueError:
+            raise SettingsError(f"{name} is not a signal number on this platform") from None
+    text = name.strip().upper()
+    if text.isdigit():
+        return signal_number(int(text))
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    try:
+        return int(signal.Signals[text])
+    except KeyError:
+        raise SettingsError(
+            f"Unknown signal {name!r}; use a name such as SIGTERM or SIGUSR2"
+            f" (check {ENV_PREFIX}_SIGNALS if you set it)"
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How the stop is detected and agreed. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
+
+    enabled: bool = True
+    """Master switch. ``DDP_SIGTERM=0`` (note: no suffix) turns the package off: stock behaviour."""
+
+    signals: tuple[str, ...] = ("SIGTERM",)
+    """Signals that request a stop. Environment: comma-separated names, e.g. ``SIGTERM,SIGUSR2``.
+    SIGKILL and SIGSTOP cannot be caught and are rejected."""
+
+    max_delay: float = 1.0
+    """Upper bound, in seconds, on the time between the first signal on any rank and the agreed stop,
+    for steps shorter than this; a longer step stops at the next step boundary."""
+
+    check_budget: float = 0.01
+    """Fraction of training time the agreement may cost. The cadence stretches the interval between
+    agreements until the measured cost fits, never beyond ``max_delay``."""
+
+    agreement_timeout: float = 600.0
+    """Seconds one agreement may wait for the slowest rank before it fails with an error naming the
+    rank and step. It bounds skew between ranks, not the step time."""
+
+    save_checkpoint: bool = True
+    """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit`` (Lightning integration)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise SettingsError(f"enabled must be a bool, got {self.enabled!r}")
+        if isinstance(self.signals, str):
+            object.__setattr__(self, "signals", tuple(s for s in self.signals.split(",") if s.strip()))
+        if not self.signals:
+            raise SettingsError("signals must name at least one signal, e.g. SIGTERM")
+        numbers = [signal_number(s) for s in self.signals]
+        uncatchable = {int(signal.SIGKILL), int(signal.SIGSTOP)} & set(numbers)
+        if uncatchable:
+            names = ", ".join(signal.Signals(n).name for n in sorted(uncatchable))
+            raise SettingsError(f"signals cannot include {names}: they cannot be caught")
+        object.__setattr__(self, "signals", tuple(signal.Signals(n).name for n in dict.fromkeys(numbers)))
+        for name in ("max_delay", "agreement_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.check_budget, (int, float)) or not 0 < self.check_budget < 1:
+            raise SettingsError(f"check_budget must be a fraction between 0 and 1, got {self.check_budget!r}")
+        if not isinstance(self.save_checkpoint, bool):
+            raise SettingsError(f"save_checkpoint must be a bool, got {self.save_checkpoint!r}")
+
+    @property
+    def signal_numbers(self) -> tuple[int, ...]:
+        return tuple(signal_number(s) for s in self.signals)
+
+    @classmethod
+    def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Settings:
+        """Build settings from ``given`` (code) overridden by the environment; bad values raise
+        :class:`SettingsError` naming the variable."""
+        environ = os.environ if environ is None else environ
+        values = dict(given)
+        for field in dataclasses.fields(cls):
+            var = ENV_PREFIX if field.name == "enabled" else f"{ENV_PREFIX}_{field.name.upper()}"
+            if var in environ:
+                values[field.name] = _parse(var, environ[var], field.type)
+        known = {ENV_PREFIX} | {f"{ENV_PREFIX}_{f.name.upper()}" for f in dataclasses.fields(cls) if f.name != "enabled"}
+        unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in known)
+        if unknown:
+            raise SettingsError(f"Unknown environment variable(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**values)
+
+
+def _parse(var: str, raw: str, kind: Any) -> Any:
+    text = raw.strip()
+    if kind in (bool, "bool"):
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise SettingsError(f"{var}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+    if kind in (float, "float"):
+        try:
+            return float(text)
+        except ValueError:
+            raise SettingsError(f"{var}={raw!r}: expected a number") from None
+    return text

@@ -1,0 +1,93 @@
+"""Signal recording: the handler writes down that a stop was requested, and nothing else.
+
+A Python signal handler runs between two bytecodes of the main thread, wherever that thread is,
+possibly inside a collective. So the handler does no collective, no I/O, no logging and takes no
+lock: it stores the signal number and the time, and chains to the handler that was there before.
+What to do about the signal is decided later, at a step boundary, by the agreement.
+
+Forked children (DataLoader workers) inherit the handler but must not act on it, and must not die
+from a signal meant for the job (SLURM signals every process of the job step): while a recorder is
+active, a forked child blocks the recorded signals. A blocked signal stays pending in the worker,
+which still ends normally when its loader shuts it down.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any, Callable
+
+Handler = Callable[[int, "FrameType | None"], Any] | int | None
+
+# Signals recorded by any active recorder of this process; read by the at-fork hook.
+_active_signals: set[int] = set()
+
+
+def _block_in_forked_child() -> None:
+    if _active_signals:
+        signal.pthread_sigmask(signal.SIG_BLOCK, _active_signals)
+        _active_signals.clear()
+
+
+os.register_at_fork(after_in_child=_block_in_forked_child)
+
+
+class SignalRecorder:
+    """Records the first stop signal this process receives: its number and ``time.monotonic()``.
+
+    ``record`` is a plain handler (it does not chain) for frameworks that compose handlers
+    themselves, such as Lightning's signal connector. ``install`` registers a handler that records
+    and then calls the handler that was installed before; ``restore`` puts the previous handlers back.
+    """
+
+    def __init__(self, signals: tuple[int, ...]) -> None:
+        self.signals = tuple(signals)
+        self.signum = 0
+        self.received_at: float | None = None
+        self.count = 0
+        self._previous: dict[int, Handler] = {}
+
+    # -- the handler ---------------------------------------------------------------------------
+    def record(self, signum: int, frame: FrameType | None = None) -> None:
+        # Only assignments: safe wherever the main thread was interrupted.
+        self.count += 1
+        if not self.signum:
+            self.received_at = time.monotonic()
+            self.signum = signum
+
+    def _record_and_chain(self, signum: int, frame: FrameType | None) -> None:
+        self.record(signum, frame)
+        previous = self._previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def activate(self) -> None:
+        """Mark the signals as recorded by this process, so that forked children block them."""
+        _active_signals.update(self.signals)
+
+    def install(self, signals: tuple[int, ...] | None = None) -> None:
+        """Register the recording handler for ``signals`` (default: all of this recorder's),
+        chaining to the handlers in place. Needs the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("ddp_sigterm: signal handlers can only be installed from the main thread")
+        self.activate()
+        for signum in self.signals if signals is None else signals:
+            if signum in self._previous:
+                continue
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._record_and_chain)
+
+    def restore(self) -> None:
+        """Put back the handlers ``install`` replaced and stop blocking in forked children.
+        Safe to call twice."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._previous.clear()
+        _active_signals.difference_update(self.signals)
+
+    def reset(self) -> None:
+        self.signum, self.received_at, self.count = 0, None, 0

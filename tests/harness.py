@@ -1,0 +1,246 @@
+"""Start a real multi-process training job, inject a stop signal, and report what each rank saw.
+
+Launch modes, as users launch jobs:
+  * ``independent``: one process per rank, started separately with MASTER_ADDR/MASTER_PORT/
+    WORLD_SIZE/NODE_RANK/LOCAL_RANK (SLURM srun, one Kubernetes pod per rank);
+  * ``lightning``: one process; Lightning's own launcher (``devices=N``) starts the other ranks;
+  * ``torchrun``: ``python -m torch.distributed.run --nproc-per-node N``.
+
+Every process the harness starts gets its own process group and a hard timeout, and every group is
+killed in ``finally``. The Python that runs the job is ``SCENARIO_PYTHON`` (default: this one), so
+the same scenarios run against any environment (stock, patched, older Lightning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "scenario_train.py"
+PYTHON = os.environ.get("SCENARIO_PYTHON", sys.executable)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class OutsideSignal:
+    """Send ``signum`` from outside once rank ``rank`` has started training batch ``batch``.
+    ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as SLURM does)
+    or ``"rank:R"`` (the process of rank R only; independent mode)."""
+
+    rank: int
+    batch: int
+    targets: str = "all"
+    signum: int = signal.SIGTERM
+    sent_at: float | None = None
+
+
+@dataclasses.dataclass
+class JobResult:
+    mode: str
+    world_size: int
+    out: Path
+    timed_out: bool
+    returncodes: dict[str, int | None]  # process label -> exit code (None if it had to be killed)
+    outcomes: dict[int, dict]  # rank -> outcome.rank<R>.json
+    logs: dict[str, Path]
+    elapsed: float
+    outside: OutsideSignal | None = None
+
+    def describe(self) -> str:
+        lines = [f"mode={self.mode} world_size={self.world_size} timed_out={self.timed_out} "
+                 f"elapsed={self.elapsed:.1f}s returncodes={self.returncodes}"]
+        for rank, outcome in sorted(self.outcomes.items()):
+            lines.append(f"rank {rank}: {json.dumps(outcome, default=str)}")
+        for label, path in self.logs.items():
+            text = path.read_text(errors="replace") if path.exists() else "<no log>"
+            tail = "\n".join(text.splitlines()[-40:])
+            lines.append(f"----- tail of {label} ({path}) -----\n{tail}")
+        return "\n".join(lines)
+
+    def steps(self) -> dict[int, int]:
+        return {rank: o["global_step"] for rank, o in self.outcomes.items()}
+
+    def checkpoints(self) -> list[Path]:
+        return sorted(self.out.glob("hpc_ckpt_*.ckpt"))
+
+
+def run_job(
+    out: Path,
+    mode: str = "independent",
+    world_size: int = 2,
+    scenario: dict[str, str] | None = None,
+    timeout: float = 120.0,
+    outside: OutsideSignal | None = None,
+    env: dict[str, str] | None = None,
+    python: str | None = None,
+) -> JobResult:
+    """Run one job to completion or to ``timeout`` seconds; never leaves a process behind."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")):
+        stale.unlink()
+    python = python or PYTHON
+    port = str(free_port())
+    base = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "SCENARIO_OUT": str(out),
+        "SCENARIO_WORLD_SIZE": str(world_size),
+        **(scenario or {}),
+        **(env or {}),
+    }
+    for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        base.pop(var, None)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = {}
+    if mode == "independent":
+        for rank in range(world_size):
+            commands[f"rank{rank}"] = ([python, str(SCRIPT)], {
+                **base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
+                "NODE_RANK": str(rank), "LOCAL_RANK": "0", "SCENARIO_NUM_NODES": str(world_size),
+                "SCENARIO_DEVICES": "1"})
+    elif mode == "lightning":
+        commands["launcher"] = ([python, str(SCRIPT)], {
+            **base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "SCENARIO_DEVICES": str(world_size)})
+    elif mode == "torchrun":
+        commands["torchrun"] = ([python, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
+                                 f"--master-port={port}", "--master-addr=127.0.0.1", str(SCRIPT)],
+                                {**base, "SCENARIO_DEVICES": str(world_size)})
+    elif mode == "single":
+        commands["single"] = ([python, str(SCRIPT)], {**base, "SCENARIO_WORLD_SIZE": "1"})
+    else:
+        raise ValueError(f"unknown launch mode {mode!r}")
+
+    procs: dict[str, subprocess.Popen] = {}
+    groups: set[int] = set()  # every process group seen in the job's process trees
+    logs: dict[str, Path] = {}
+    timed_out = False
+    started = time.monotonic()
+    try:
+        for label, (cmd, proc_env) in commands.items():
+            logs[label] = out / f"{label}.log"
+            with open(logs[label], "w") as log:
+                procs[label] = subprocess.Popen(cmd, env=proc_env, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=out)
+        deadline = started + timeout
+        next_scan = 0.0
+        while any(p.poll() is None for p in procs.values()):
+            if time.monotonic() > next_scan:
+                groups |= _job_groups(procs)
+                next_scan = time.monotonic() + 0.5
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            if outside is not None and outside.sent_at is None and _reached(out, outside.rank, outside.batch):
+                _send(outside, procs, mode)
+            time.sleep(0.05)
+    finally:
+        groups |= _job_groups(procs)
+        for proc in procs.values():
+            for pid in _tree(proc.pid):
+                _signal_pid(pid, signal.SIGKILL)
+        for pgid in groups:
+            _kill_group(pgid)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+                pass
+    outcomes = {}
+    for path in out.glob("outcome.rank*.json"):
+        data = json.loads(path.read_text())
+        outcomes[data["rank"]] = data
+    returncodes = {label: (None if timed_out and _killed(p) else p.returncode) for label, p in procs.items()}
+    return JobResult(mode, world_size, out, timed_out, returncodes, outcomes, logs,
+                     time.monotonic() - started, outside)
+
+
+def _reached(out: Path, rank: int, batch: int) -> bool:
+    path = out / f"progress.rank{rank}"
+    return path.exists() and f"train {batch} " in path.read_text()
+
+
+def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str) -> None:
+    outside.sent_at = time.monotonic()
+    if outside.targets == "all":
+        for proc in procs.values():
+            # like SLURM: every process of the job step, DataLoader workers included
+            for pid in _tree(proc.pid):
+                _signal_pid(pid, outside.signum)
+    elif outside.targets.startswith("rank:"):
+        if mode != "independent":
+            raise ValueError("targets='rank:R' needs the independent launch mode")
+        _signal_pid(procs[f"rank{outside.targets.split(':')[1]}"].pid, outside.signum)
+    else:
+        raise ValueError(f"unknown targets {outside.targets!r}")
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group), read from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            table[int(entry.name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and all its descendants: ranks, DataLoader workers, torchrun's workers (which run in
+    sessions of their own, so a process group does not reach them)."""
+    table = _process_table()
+    found, frontier = [root], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in table.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def _signal_pid(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _job_groups(procs: dict[str, subprocess.Popen]) -> set[int]:
+    """Process groups led by the started processes or by their descendants (never anyone else's)."""
+    pids = {pid for proc in procs.values() for pid in _tree(proc.pid)}
+    return {pid for pid in pids if _pgid(pid) == pid} | {proc.pid for proc in procs.values()}
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _killed(proc: subprocess.Popen) -> bool:
+    return proc.returncode == -signal.SIGKILL
+
+

@@ -1,0 +1,185 @@
+"""A user's training script, unchanged: it never imports ddp_sigterm (the entry point does the work).
+
+The test harness configures it with SCENARIO_* variables and reads back, per rank,
+``outcome.rank<R>.json`` (what the script saw) and ``progress.rank<R>`` (batches as they start).
+Fault injection is a callback: it sends a signal to this very process at rank R, batch B, phase P.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+ENV = os.environ
+OUT = ENV["SCENARIO_OUT"]
+STAGE = ENV.get("SCENARIO_STAGE", "fit")
+MAX_STEPS = int(ENV.get("SCENARIO_MAX_STEPS", "12"))
+BATCHES = int(ENV.get("SCENARIO_BATCHES", "8"))  # training batches per epoch, per rank
+VAL_BATCHES = int(ENV.get("SCENARIO_VAL_BATCHES", "4"))  # validation batches per rank
+STEP_SLEEP = float(ENV.get("SCENARIO_STEP_SLEEP", "0.02"))
+# "rank:batch:phase[:SIGNAL]" entries separated by ";". Batch counts from 1 within the run.
+INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
+PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "train_end"}
+for entry in INJECT:
+    assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
+
+
+class Numbers(Dataset):
+    def __init__(self, n: int) -> None:
+        gen = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(n, 16, generator=gen)
+        self.y = torch.randn(n, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+class Model(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+    def training_step(self, batch, batch_idx):
+        injector.at("forward")
+        time.sleep(STEP_SLEEP)
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def on_after_backward(self) -> None:
+        injector.at("backward")
+
+    def validation_step(self, batch, batch_idx):
+        injector.at("validation", batch_idx + 1)
+        time.sleep(STEP_SLEEP)
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def train_dataloader(self):
+        return self._loader(BATCHES)
+
+    def val_dataloader(self):
+        return self._loader(VAL_BATCHES)
+
+    def _loader(self, batches: int) -> DataLoader:
+        world = self.trainer.world_size
+        workers = int(ENV.get("SCENARIO_NUM_WORKERS", "0"))
+        return DataLoader(Numbers(batches * 4 * world), batch_size=4, num_workers=workers,
+                          persistent_workers=workers > 0)
+
+
+class Injector(Callback):
+    """Sends the configured signal to this process at (rank, batch, phase); logs batch starts."""
+
+    def __init__(self) -> None:
+        self.rank = -1
+        self.batch = 0
+        self.injected_at: float | None = None
+        self.progress = None
+
+    def setup(self, trainer, pl_module, stage):
+        self.rank = trainer.global_rank
+        self.progress = open(os.path.join(OUT, f"progress.rank{self.rank}"), "a", buffering=1)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch += 1
+        self.progress.write(f"train {self.batch} step {trainer.global_step}\n")
+        self.at("batch_start")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.at("optimizer")
+
+    def on_train_end(self, trainer, pl_module):
+        self.at("train_end", self.batch)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.progress.write(f"val {batch_idx + 1} step {trainer.global_step}\n")
+
+    def at(self, phase: str, batch: int | None = None) -> None:
+        batch = self.batch if batch is None else batch
+        for rank, at_batch, at_phase, *name in INJECT:
+            if int(rank) == self.rank and int(at_batch) == batch and at_phase == phase and self.injected_at is None:
+                self.injected_at = time.monotonic()
+                os.kill(os.getpid(), signal.Signals[name[0] if name else "SIGTERM"])
+
+
+injector = Injector()
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def main() -> None:
+    pl.seed_everything(7, workers=True)
+    model = Model()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=int(ENV.get("SCENARIO_DEVICES", "1")),
+        num_nodes=int(ENV.get("SCENARIO_NUM_NODES", "1")),
+        strategy="ddp" if int(ENV.get("SCENARIO_WORLD_SIZE", "1")) > 1 else "auto",
+        max_steps=MAX_STEPS,
+        limit_val_batches=VAL_BATCHES,
+        val_check_interval=int(ENV.get("SCENARIO_VAL_EVERY", str(BATCHES))),
+        num_sanity_val_steps=0,
+        default_root_dir=OUT,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[injector],
+    )
+    outcome: dict = {"pid": os.getpid(), "exception": None, "exit_code": 0, "stop": None}
+    started = time.monotonic()
+    try:
+        if STAGE == "fit":
+            trainer.fit(model, ckpt_path="hpc" if ENV.get("SCENARIO_RESUME") == "1" else None)
+        elif STAGE == "validate":
+            trainer.validate(model)
+        else:
+            raise ValueError(f"unknown SCENARIO_STAGE {STAGE!r}")
+    except SystemExit as exit_:
+        outcome.update(exception=type(exit_).__name__, exit_code=exit_.code or 0)
+        stop = getattr(exit_, "stop", None)
+        outcome["stop"] = None if stop is None else {k: getattr(stop, k) for k in stop.__dataclass_fields__}
+        raise
+    except BaseException as error:
+        outcome.update(exception=f"{type(error).__name__}: {error}", exit_code=1)
+        raise
+    finally:
+        outcome.update(
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            global_step=trainer.global_step,
+            batches_started=injector.batch,
+            injected_at=injector.injected_at,
+            started_at=started,
+            ended_at=time.monotonic(),
+            weights=weights_digest(model),
+            callbacks=[type(cb).__name__ for cb in trainer.callbacks],
+        )
+        with open(os.path.join(OUT, f"outcome.rank{trainer.global_rank}.json"), "w") as f:
+            json.dump(outcome, f)
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

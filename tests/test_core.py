@@ -1,0 +1,127 @@
+"""Unit tests of the core, without a process group: settings, cadence, signal recording, fork safety."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ddp_sigterm import Settings, SettingsError, StopCoordinator
+from ddp_sigterm.cadence import Cadence
+from ddp_sigterm.signals import SignalRecorder
+
+
+# -- settings -------------------------------------------------------------------------------------
+def test_settings_defaults_and_environment_precedence() -> None:
+    assert Settings().max_delay == 1.0 and Settings().signals == ("SIGTERM",)
+    code = Settings.resolve(environ={}, max_delay=0.5)
+    assert code.max_delay == 0.5
+    env = Settings.resolve(environ={"DDP_SIGTERM_MAX_DELAY": "2.5", "DDP_SIGTERM_SIGNALS": "term, usr2"}, max_delay=0.5)
+    assert env.max_delay == 2.5  # the environment overrides the code
+    assert env.signals == ("SIGTERM", "SIGUSR2")
+    assert Settings.resolve(environ={"DDP_SIGTERM": "0"}).enabled is False
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"DDP_SIGTERM_MAX_DELAY": "soon"}, "DDP_SIGTERM_MAX_DELAY='soon': expected a number"),
+        ({"DDP_SIGTERM_MAX_DELAY": "-1"}, "max_delay must be a positive number"),
+        ({"DDP_SIGTERM_CHECK_BUDGET": "2"}, "check_budget must be a fraction"),
+        ({"DDP_SIGTERM_SIGNALS": "SIGNOPE"}, "Unknown signal 'SIGNOPE'"),
+        ({"DDP_SIGTERM_SIGNALS": "SIGKILL"}, "cannot include SIGKILL"),
+        ({"DDP_SIGTERM": "maybe"}, "DDP_SIGTERM='maybe': expected one of"),
+        ({"DDP_SIGTERM_MAXDELAY": "1"}, "Unknown environment variable(s) DDP_SIGTERM_MAXDELAY"),
+    ],
+)
+def test_bad_settings_fail_with_a_clear_message(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as error:
+        Settings.resolve(environ=environ)
+    assert message in str(error.value)
+
+
+# -- cadence --------------------------------------------------------------------------------------
+def test_cadence_starts_at_every_step_then_fits_the_budget() -> None:
+    cadence = Cadence(check_budget=0.01, max_delay=1.0)
+    assert cadence.propose() == 1  # nothing measured yet
+    cadence.observe(window_seconds=0.001, window_steps=1, check_seconds=0.0003)
+    assert cadence.propose() == 30  # 0.3 ms spread over 30 steps of 1 ms is 1%
+
+
+def test_cadence_never_exceeds_max_delay_and_never_drops_below_one() -> None:
+    slow_check = Cadence(check_budget=0.01, max_delay=1.0)
+    slow_check.observe(window_seconds=0.01, window_steps=1, check_seconds=0.05)
+    assert slow_check.propose() == 100  # cost would ask for 500; 100 steps of 10 ms is the 1 s bound
+    long_steps = Cadence(check_budget=0.01, max_delay=1.0)
+    long_steps.observe(window_seconds=5.0, window_steps=1, check_seconds=0.0003)
+    assert long_steps.propose() == 1
+
+
+def test_cadence_smooths_one_outlier() -> None:
+    cadence = Cadence(check_budget=0.01, max_delay=1.0)
+    cadence.observe(0.030, 30, 0.0003)
+    cadence.observe(0.090, 30, 0.0003)  # one window 3x slower: the interval shrinks, not to a third
+    assert 10 < cadence.propose() < 30
+
+
+# -- signal recording -----------------------------------------------------------------------------
+def test_recorder_records_chains_and_restores() -> None:
+    seen = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    try:
+        recorder = SignalRecorder((signal.SIGUSR2,))
+        recorder.install()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert recorder.signum == signal.SIGUSR2 and recorder.received_at is not None
+        assert seen == [signal.SIGUSR2]  # the user's handler still ran
+        first = recorder.received_at
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert recorder.count == 2 and recorder.received_at == first  # the first signal is kept
+        recorder.restore()
+        recorder.restore()  # twice is fine
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert recorder.count == 2 and seen == [signal.SIGUSR2] * 3
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_forked_child_blocks_the_recorded_signal_and_survives_it() -> None:
+    recorder = SignalRecorder((signal.SIGUSR2,))
+    recorder.install()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child, like a DataLoader worker: a signal to it must not kill it
+            os.close(read)
+            blocked = signal.SIGUSR2 in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            signal.signal(signal.SIGUSR2, signal.SIG_DFL)  # as torch's worker would replace it
+            os.kill(os.getpid(), signal.SIGUSR2)
+            os.write(write, b"alive" if blocked else b"unblocked")
+            os._exit(0)
+        os.close(write)
+        answer = os.read(read, 16)
+        _, status = os.waitpid(pid, 0)
+        assert answer == b"alive" and os.waitstatus_to_exitcode(status) == 0
+        assert recorder.signum == 0  # the parent saw nothing
+    finally:
+        recorder.restore()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if signal.SIGUSR2 in signal.pthread_sigmask(signal.SIG_BLOCK, []) else 0)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0  # after restore, children are normal
+
+
+# -- the coordinator without a process group ------------------------------------------------------
+def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
+    coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))
+    coordinator.start()
+    try:
+        assert [coordinator.should_stop(step) for step in range(3)] == [False, False, False]
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert coordinator.should_stop(3) is True
+        assert coordinator.exit_code == 128 + signal.SIGUSR2
+        assert coordinator.decision.step == 3 and coordinator.decision.boundaries_since_signal == 0
+    finally:
+        coordinator.close()
+        coordinator.close()

@@ -1,0 +1,179 @@
+"""The multi-process regression suite: real training jobs, real signals, outcomes a user sees.
+
+Every test starts a real job through the harness (gloo on CPU, OMP_NUM_THREADS=1), each process in
+its own process group, under a hard timeout, and kills everything in ``finally``. On failure the
+assertion message carries each rank's outcome and the tail of every log.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import JobResult, OutsideSignal, run_job
+
+pytestmark = pytest.mark.scenario
+
+# What must finish gets a generous bound (2 busy cores); what must not hang has its own, short one.
+MUST_FINISH = 180.0
+HANG_BOUND = 30.0
+SIGTERM_EXIT = 128 + signal.SIGTERM
+STEP_SLEEP = 0.02  # seconds of work per step in the scenario script
+MAX_DELAY = 1.0  # the default setting
+
+
+def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, checkpoint: bool = True) -> int:
+    """Every rank raised SIGTERMException at the same step and exited 128+signal; returns the step."""
+    why = result.describe()
+    assert not result.timed_out, f"job did not finish within {MUST_FINISH}s (deadlock?)\n{why}"
+    assert sorted(result.outcomes) == list(range(result.world_size)), f"missing rank outcomes\n{why}"
+    for rank, outcome in result.outcomes.items():
+        assert outcome["exception"] == "SIGTERMException", f"rank {rank} did not stop cleanly\n{why}"
+        assert outcome["exit_code"] == exit_code, f"rank {rank} exit code\n{why}"
+    steps = set(result.steps().values())
+    assert len(steps) == 1, f"ranks stopped at different steps {result.steps()}\n{why}"
+    started = {o["batches_started"] for o in result.outcomes.values()}
+    assert len(started) == 1, f"a rank started a batch another did not start\n{why}"
+    decisions = {(o["stop"]["signum"], o["stop"]["boundary"]) for o in result.outcomes.values()}
+    assert len(decisions) == 1, f"ranks disagree on the decision\n{why}"
+    if result.mode in ("independent", "single"):
+        assert set(result.returncodes.values()) == {exit_code}, f"process exit codes\n{why}"
+    elif result.mode == "lightning":
+        assert result.returncodes["launcher"] == exit_code, f"launcher exit code\n{why}"
+    else:
+        assert result.returncodes["torchrun"] != 0, f"torchrun reported success\n{why}"
+    (step,) = steps
+    ckpts = result.checkpoints()
+    if checkpoint:
+        assert len(ckpts) == 1, f"expected one hpc checkpoint, found {ckpts}\n{why}"
+        saved = torch.load(ckpts[0], map_location="cpu", weights_only=False)
+        assert saved["global_step"] == step, f"checkpoint holds step {saved['global_step']}, ranks stopped at {step}"
+    else:
+        assert ckpts == [], f"no checkpoint expected outside fit, found {ckpts}"
+    return step
+
+
+def assert_latency(result: JobResult, signalled_at: float | None = None) -> None:
+    """Signal to agreed stop within max(one step, max_delay), plus scheduling slack on 2 busy cores."""
+    for rank, outcome in result.outcomes.items():
+        sent = signalled_at if signalled_at is not None else outcome["injected_at"]
+        if sent is None:
+            continue
+        latency = outcome["stop"]["decided_at"] - sent
+        print(f"stop latency rank {rank}: {latency * 1000:.0f} ms, "
+              f"{outcome['stop']['boundaries_since_signal']} step boundaries after the signal was recorded")
+        assert latency < max(STEP_SLEEP, MAX_DELAY) + 2.0, result.describe()
+
+
+def assert_finished(result: JobResult, steps: int) -> None:
+    why = result.describe()
+    assert not result.timed_out, why
+    assert set(result.returncodes.values()) == {0}, why
+    assert {o["exception"] for o in result.outcomes.values()} == {None}, why
+    assert set(result.steps().values()) == {steps}, why
+
+
+def fit(tmp: Path, mode: str = "independent", world_size: int = 2, inject: str = "", **scenario: str) -> JobResult:
+    return run_job(tmp, mode=mode, world_size=world_size, timeout=MUST_FINISH,
+                   scenario={"SCENARIO_INJECT": inject, **scenario})
+
+
+# -- the regression test from the original proposal ---------------------------------------------
+@pytest.mark.lightning251
+def test_seed_sigterm_rank0_batch2_stops_every_rank_and_resumes(tmp_path: Path) -> None:
+    result = fit(tmp_path, inject="0:2:forward")
+    step = assert_unison_stop(result)
+    assert step == 2
+    assert_latency(result)
+    resumed = fit(tmp_path, SCENARIO_RESUME="1")
+    assert_finished(resumed, steps=12)
+    assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
+
+
+# -- whichever rank, whichever phase, however launched -------------------------------------------
+@pytest.mark.lightning251
+def test_nonzero_rank_signalled_after_optimizer_step(tmp_path: Path) -> None:
+    result = fit(tmp_path, inject="1:2:optimizer")
+    assert assert_unison_stop(result) == 2
+    assert_latency(result)
+
+
+@pytest.mark.parametrize("mode", ["lightning", "torchrun"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_launchers(tmp_path: Path, mode: str, rank: int) -> None:
+    result = fit(tmp_path, mode=mode, inject=f"{rank}:2:batch_start")
+    assert assert_unison_stop(result) == 2
+    assert_latency(result)
+
+
+def test_three_ranks_last_rank_in_backward(tmp_path: Path) -> None:
+    result = fit(tmp_path, world_size=3, inject="2:3:backward")
+    assert assert_unison_stop(result) == 3
+
+
+def test_several_ranks_signalled_at_different_batches(tmp_path: Path) -> None:
+    result = fit(tmp_path, world_size=3, inject="0:4:forward;2:2:optimizer")
+    assert assert_unison_stop(result) == 2
+
+
+@pytest.mark.parametrize("mode", ["independent", "lightning", "torchrun"])
+def test_every_process_signalled_with_dataloader_workers(tmp_path: Path, mode: str) -> None:
+    """As SLURM does: every process of the job, DataLoader workers included, gets SIGTERM."""
+    outside = OutsideSignal(rank=1, batch=3, targets="all")
+    result = run_job(tmp_path, mode=mode, world_size=2, timeout=MUST_FINISH, outside=outside,
+                     scenario={"SCENARIO_NUM_WORKERS": "2", "SCENARIO_MAX_STEPS": "60", "SCENARIO_BATCHES": "30"})
+    assert outside.sent_at is not None, result.describe()
+    assert "killed by signal" not in "".join(p.read_text() for p in result.logs.values()), result.describe()
+    assert_unison_stop(result)
+    assert_latency(result, signalled_at=outside.sent_at)
+
+
+# -- validation, trainer.validate, end of training ----------------------------------------------
+def test_signal_during_validation_inside_fit_then_resume(tmp_path: Path) -> None:
+    result = fit(tmp_path, inject="1:2:validation", SCENARIO_VAL_EVERY="4")
+    step = assert_unison_stop(result)
+    assert step == 4  # validation after the 4th step; stopped inside it
+    resumed = fit(tmp_path, SCENARIO_RESUME="1", SCENARIO_VAL_EVERY="4")
+    assert_finished(resumed, steps=12)
+
+
+def test_signal_during_trainer_validate(tmp_path: Path) -> None:
+    result = fit(tmp_path, inject="1:2:validation", SCENARIO_STAGE="validate")
+    assert_unison_stop(result, checkpoint=False)
+
+
+def test_signal_after_the_last_step_is_not_lost(tmp_path: Path) -> None:
+    result = fit(tmp_path, inject="1:12:train_end")
+    assert assert_unison_stop(result) == 12
+
+
+# -- single process, no signal, opt-out ----------------------------------------------------------
+def test_single_process_stops_without_collective(tmp_path: Path) -> None:
+    result = run_job(tmp_path, mode="single", world_size=1, timeout=MUST_FINISH,
+                     scenario={"SCENARIO_INJECT": "0:3:forward"})
+    assert assert_unison_stop(result) == 3
+
+
+def test_no_signal_trains_exactly_like_stock_lightning(tmp_path: Path) -> None:
+    ours = fit(tmp_path / "ours")
+    stock = run_job(tmp_path / "stock", timeout=MUST_FINISH, env={"DDP_SIGTERM": "0"})
+    assert_finished(ours, steps=12)
+    assert_finished(stock, steps=12)
+    assert all("UnisonStop" in o["callbacks"] for o in ours.outcomes.values()), ours.describe()
+    assert all("UnisonStop" not in o["callbacks"] for o in stock.outcomes.values()), stock.describe()
+    assert {o["weights"] for o in ours.outcomes.values()} == {o["weights"] for o in stock.outcomes.values()}
+    assert ours.checkpoints() == []
+
+
+def test_opt_out_shows_the_stock_failure(tmp_path: Path) -> None:
+    """Sensitivity: the seed scenario without the package must fail the way stock Lightning does
+    (a hang cut off by the harness, or ranks out of step), so the suite proves it catches the bug."""
+    result = run_job(tmp_path, timeout=HANG_BOUND, env={"DDP_SIGTERM": "0"},
+                     scenario={"SCENARIO_INJECT": "0:2:forward"})
+    out_of_step = len(set(result.steps().values())) > 1 or len(result.outcomes) < result.world_size
+    not_143 = any(o["exit_code"] != SIGTERM_EXIT for o in result.outcomes.values())
+    print(f"stock outcome: timed_out={result.timed_out} steps={result.steps()} out_of_step={out_of_step}")
+    assert result.timed_out or out_of_step or not_143, result.describe()
