@@ -26,13 +26,13 @@ venv: $(VENV)/.installed
 # The whole suite: unit tests, the multi-process scenario matrix, then the lightning 2.5.1 subset.
 test: $(VENV)/.installed $(VENV_251)/.installed
 	$(VENV)/bin/python -m pytest -ra
-	SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python $(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
+	SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 $(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
 
 test-unit: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra -m "not scenario"
 
 test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
-	SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python $(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
+	SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 $(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

@@ -86,6 +86,7 @@ def run_job(
     outside: OutsideSignal | None = None,
     env: dict[str, str] | None = None,
     python: str | None = None,
+    script: Path = SCRIPT,
 ) -> JobResult:
     """Run one job to completion or to ``timeout`` seconds; never leaves a process behind."""
     out.mkdir(parents=True, exist_ok=True)
@@ -107,19 +108,19 @@ def run_job(
     commands: dict[str, tuple[list[str], dict[str, str]]] = {}
     if mode == "independent":
         for rank in range(world_size):
-            commands[f"rank{rank}"] = ([python, str(SCRIPT)], {
+            commands[f"rank{rank}"] = ([python, str(script)], {
                 **base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
                 "NODE_RANK": str(rank), "LOCAL_RANK": "0", "SCENARIO_NUM_NODES": str(world_size),
                 "SCENARIO_DEVICES": "1"})
     elif mode == "lightning":
-        commands["launcher"] = ([python, str(SCRIPT)], {
+        commands["launcher"] = ([python, str(script)], {
             **base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "SCENARIO_DEVICES": str(world_size)})
     elif mode == "torchrun":
         commands["torchrun"] = ([python, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
-                                 f"--master-port={port}", "--master-addr=127.0.0.1", str(SCRIPT)],
+                                 f"--master-port={port}", "--master-addr=127.0.0.1", str(script)],
                                 {**base, "SCENARIO_DEVICES": str(world_size)})
     elif mode == "single":
-        commands["single"] = ([python, str(SCRIPT)], {**base, "SCENARIO_WORLD_SIZE": "1"})
+        commands["single"] = ([python, str(script)], {**base, "SCENARIO_WORLD_SIZE": "1"})
     else:
         raise ValueError(f"unknown launch mode {mode!r}")
 

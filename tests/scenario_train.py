@@ -175,6 +175,7 @@ def main() -> None:
             ended_at=time.monotonic(),
             weights=weights_digest(model),
             callbacks=[type(cb).__name__ for cb in trainer.callbacks],
+            lightning=pl.__version__,
         )
         with open(os.path.join(OUT, f"outcome.rank{trainer.global_rank}.json"), "w") as f:
             json.dump(outcome, f)

@@ -1,0 +1,62 @@
+"""A hand-written torch.distributed DDP loop using the framework-agnostic core (no Lightning).
+
+Launched by the harness like the Lightning scenario (SCENARIO_* variables, outcome.rank<R>.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddp_sigterm import StopCoordinator
+
+ENV = os.environ
+OUT = ENV["SCENARIO_OUT"]
+INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    stop = StopCoordinator()
+    stop.start()
+    outcome = {"rank": rank, "exception": None, "exit_code": 0, "stop": None, "injected_at": None}
+    step = 0
+    try:
+        while step < int(ENV.get("SCENARIO_MAX_STEPS", "12")):
+            step += 1
+            for at_rank, at_step, *_ in INJECT:
+                if int(at_rank) == rank and int(at_step) == step and outcome["injected_at"] is None:
+                    outcome["injected_at"] = time.monotonic()
+                    os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(float(ENV.get("SCENARIO_STEP_SLEEP", "0.02")))
+            loss = model(torch.randn(4, 16)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if stop.should_stop(step):
+                if rank == 0:
+                    path = os.path.join(OUT, f"hpc_ckpt_{step}.ckpt")
+                    torch.save({"global_step": step, "model": model.module.state_dict()}, path)
+                dist.barrier()
+                outcome.update(exception="SIGTERMException", exit_code=stop.exit_code,
+                               stop={k: getattr(stop.decision, k) for k in stop.decision.__dataclass_fields__})
+                raise SystemExit(stop.exit_code)
+    finally:
+        outcome.update(global_step=step, batches_started=step, weights="", callbacks=[])
+        with open(os.path.join(OUT, f"outcome.rank{rank}.json"), "w") as f:
+            json.dump(outcome, f)
+        stop.close()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
