@@ -29,6 +29,7 @@ VAL_BATCHES = int(ENV.get("SCENARIO_VAL_BATCHES", "4"))  # validation batches pe
 STEP_SLEEP = float(ENV.get("SCENARIO_STEP_SLEEP", "0.02"))
 # "rank:batch:phase[:SIGNAL]" entries separated by ";". Batch counts from 1 within the run.
 INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
+# "validation" also means the test and predict batches of trainer.test / trainer.predict
 PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "train_end"}
 for entry in INJECT:
     assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
@@ -67,6 +68,14 @@ class Model(pl.LightningModule):
         x, y = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
 
+    def test_step(self, batch, batch_idx):
+        self.validation_step(batch, batch_idx)
+
+    def predict_step(self, batch, batch_idx):
+        injector.at("validation", batch_idx + 1)
+        time.sleep(STEP_SLEEP)
+        return self.net(batch[0])
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
 
@@ -75,6 +84,8 @@ class Model(pl.LightningModule):
 
     def val_dataloader(self):
         return self._loader(VAL_BATCHES)
+
+    test_dataloader = predict_dataloader = val_dataloader
 
     def _loader(self, batches: int) -> DataLoader:
         world = self.trainer.world_size
@@ -138,6 +149,8 @@ def main() -> None:
         strategy="ddp" if int(ENV.get("SCENARIO_WORLD_SIZE", "1")) > 1 else "auto",
         max_steps=MAX_STEPS,
         limit_val_batches=VAL_BATCHES,
+        limit_test_batches=VAL_BATCHES,
+        limit_predict_batches=VAL_BATCHES,
         val_check_interval=int(ENV.get("SCENARIO_VAL_EVERY", str(BATCHES))),
         num_sanity_val_steps=0,
         default_root_dir=OUT,
@@ -152,8 +165,8 @@ def main() -> None:
     try:
         if STAGE == "fit":
             trainer.fit(model, ckpt_path="hpc" if ENV.get("SCENARIO_RESUME") == "1" else None)
-        elif STAGE == "validate":
-            trainer.validate(model)
+        elif STAGE in ("validate", "test", "predict"):
+            getattr(trainer, STAGE)(model)
         else:
             raise ValueError(f"unknown SCENARIO_STAGE {STAGE!r}")
     except SystemExit as exit_:

@@ -158,8 +158,9 @@ def test_signal_during_validation_inside_fit_then_resume(tmp_path: Path) -> None
     assert_finished(resumed, steps=12)
 
 
-def test_signal_during_trainer_validate(tmp_path: Path) -> None:
-    result = fit(tmp_path, inject="1:2:validation", SCENARIO_STAGE="validate")
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_signal_during_evaluation_stages(tmp_path: Path, stage: str) -> None:
+    result = fit(tmp_path, inject="1:2:validation", SCENARIO_STAGE=stage)
     assert_unison_stop(result, checkpoint=False)
 
 
