@@ -149,6 +149,16 @@ def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
     assert_latency(result)
 
 
+def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
+    """Short steps and a signal late in training, when agreements no longer run at every step:
+    the stop still comes within max_delay."""
+    result = fit(tmp_path, inject="1:250:forward", SCENARIO_STEP_SLEEP="0.001", SCENARIO_MAX_STEPS="400",
+                 SCENARIO_BATCHES="400")
+    step = assert_unison_stop(result)
+    assert 250 <= step < 400
+    assert_latency(result)
+
+
 # -- validation, trainer.validate, end of training ----------------------------------------------
 def test_signal_during_validation_inside_fit_then_resume(tmp_path: Path) -> None:
     result = fit(tmp_path, inject="1:2:validation", SCENARIO_VAL_EVERY="4")

@@ -18,6 +18,11 @@ __all__ = ["AgreementError", "Settings", "SettingsError", "StopCoordinator", "St
 
 def __getattr__(name: str) -> Any:
     if name in ("UnisonStop", "StopError"):
+        from lightning_utilities.core.imports import RequirementCache
+
+        lightning = RequirementCache("lightning>=2.5.1")
+        if not lightning:
+            raise ModuleNotFoundError(f"ddp_sigterm.{name} is the Lightning integration: {lightning.message}")
         from ddp_sigterm import lightning_integration
 
         return getattr(lightning_integration, name)

@@ -143,11 +143,12 @@ class UnisonStop(Callback):
         decision = coordinator.decision
         assert decision is not None
         trainer._signal_connector.received_sigterm = True
+        agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
             path = _save_stop_checkpoint(trainer, coordinator.rank, step)
-            rank_zero_info(f"ddp_sigterm: stop agreed at step {step}; checkpoint saved to {path}")
+            rank_zero_info(f"{agreed}; checkpoint saved to {path}")
         else:
-            rank_zero_info(f"ddp_sigterm: stop agreed at step {step}")
+            rank_zero_info(agreed)
         exception = SIGTERMException(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]
         raise exception
