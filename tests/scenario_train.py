@@ -30,7 +30,7 @@ STEP_SLEEP = float(ENV.get("SCENARIO_STEP_SLEEP", "0.02"))
 # "rank:batch:phase[:SIGNAL]" entries separated by ";". Batch counts from 1 within the run.
 INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
 # "validation" also means the test and predict batches of trainer.test / trainer.predict
-PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "train_end"}
+PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "epoch_end", "train_end"}
 for entry in INJECT:
     assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
 
@@ -114,6 +114,9 @@ class Injector(Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.at("optimizer")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.at("epoch_end", self.batch)
 
     def on_train_end(self, trainer, pl_module):
         self.at("train_end", self.batch)

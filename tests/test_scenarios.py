@@ -174,6 +174,12 @@ def test_signal_during_evaluation_stages(tmp_path: Path, stage: str) -> None:
     assert_unison_stop(result, checkpoint=False)
 
 
+def test_signal_between_epochs(tmp_path: Path) -> None:
+    result = fit(tmp_path, inject="0:8:epoch_end", SCENARIO_BATCHES="8")  # epoch 1 ends after batch 8
+    step = assert_unison_stop(result)
+    assert_stopped_after(step, 9)  # the first check point after the signal is in epoch 2
+
+
 def test_signal_after_the_last_step_is_not_lost(tmp_path: Path) -> None:
     result = fit(tmp_path, inject="1:12:train_end")
     assert assert_unison_stop(result) == 12  # the final agreement at the end of fit
