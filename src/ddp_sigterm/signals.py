@@ -88,6 +88,3 @@ class SignalRecorder:
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
         _active_signals.difference_update(self.signals)
-
-    def reset(self) -> None:
-        self.signum, self.received_at, self.count = 0, None, 0
