@@ -3,6 +3,9 @@ PYTHON ?= python3.11
 VENV := .venv
 VENV_251 := .venv-lightning-2.5.1
 PIP_FLAGS := --quiet --disable-pip-version-check
+# The scenarios marked lightning251, run by the 2.5.1 venv's Python (the version is asserted).
+PYTEST_251 := SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 \
+	$(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
 
 .PHONY: test test-unit test-scenarios test-lightning-2.5.1 demo clean
 
@@ -26,13 +29,13 @@ venv: $(VENV)/.installed
 # The whole suite: unit tests, the multi-process scenario matrix, then the lightning 2.5.1 subset.
 test: $(VENV)/.installed $(VENV_251)/.installed
 	$(VENV)/bin/python -m pytest -ra
-	SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 $(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
+	$(PYTEST_251)
 
 test-unit: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra -m "not scenario"
 
 test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
-	SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 $(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
+	$(PYTEST_251)
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

@@ -176,9 +176,8 @@ def _save_stop_checkpoint(trainer: pl.Trainer, rank: int, step: int) -> str:
 def callbacks_factory() -> list[Callback]:
     """Entry point for ``lightning.pytorch.callbacks_factory``: one auto-registered callback,
     or none when ``DDP_SIGTERM=0``."""
-    settings = Settings.resolve()
-    if not settings.enabled:
+    callback = UnisonStop()
+    if not callback.settings.enabled:
         return []
-    callback = UnisonStop(settings)
     callback.auto_registered = True
     return [callback]
