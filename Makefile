@@ -2,12 +2,21 @@
 PYTHON ?= python3.11
 VENV := .venv
 VENV_251 := .venv-lightning-2.5.1
+VENV_PATCHED := .venv-patched
+SERIES := patches/lightning-2.6.6
+PATCHED_WHEEL := dist/lightning-2.6.6+ddpsigterm-py3-none-any.whl
 PIP_FLAGS := --quiet --disable-pip-version-check
 # The scenarios marked lightning251, run by the 2.5.1 venv's Python (the version is asserted).
 PYTEST_251 := SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 \
 	$(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
+# The scenarios marked patched, run by the patched Lightning (no ddp_sigterm there; the version is asserted),
+# then the test the patch series adds to Lightning's own suite.
+PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_IMPLEMENTATION=patched \
+	SCENARIO_EXPECT_LIGHTNING=2.6.6+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched tests/test_scenarios.py
+PYTEST_LIGHTNING_TEST := $(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider \
+	build/lightning-2.6.6/tests/tests_pytorch/trainer/connectors/test_sigterm_ddp.py
 
-.PHONY: test test-unit test-scenarios test-lightning-2.5.1 demo clean
+.PHONY: test test-unit test-lightning-2.5.1 patched-lightning test-patched demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV)
@@ -24,7 +33,20 @@ $(VENV_251)/.installed: pyproject.toml requirements/constraints-lightning-2.5.1.
 	$(VENV_251)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-lightning-2.5.1.txt -e .
 	touch $@
 
+# Lightning 2.6.6 with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
+$(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIES)/*.patch) \
+		requirements/constraints.txt requirements/test.txt
+	rm -rf $(VENV_PATCHED)
+	$(PYTHON) -m venv $(VENV_PATCHED)
+	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
+	bash patches/build.sh $(VENV_PATCHED)/bin/python
+	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here
+	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt $(PATCHED_WHEEL)
+	touch $@
+
 venv: $(VENV)/.installed
+
+patched-lightning: $(VENV_PATCHED)/.installed
 
 # The whole suite: unit tests, the multi-process scenario matrix, then the lightning 2.5.1 subset.
 test: $(VENV)/.installed $(VENV_251)/.installed
@@ -37,8 +59,12 @@ test-unit: $(VENV)/.installed
 test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
 	$(PYTEST_251)
 
+test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
+	$(PYTEST_PATCHED)
+	$(PYTEST_LIGHTNING_TEST)
+
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py
 
 clean:
-	rm -rf $(VENV) $(VENV_251) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV_251) $(VENV_PATCHED) build dist src/*.egg-info .pytest_cache

@@ -27,6 +27,9 @@ MAX_STEPS = int(ENV.get("SCENARIO_MAX_STEPS", "12"))
 BATCHES = int(ENV.get("SCENARIO_BATCHES", "8"))  # training batches per epoch, per rank
 VAL_BATCHES = int(ENV.get("SCENARIO_VAL_BATCHES", "4"))  # validation batches per rank
 STEP_SLEEP = float(ENV.get("SCENARIO_STEP_SLEEP", "0.02"))
+# One more evaluation/prediction sample and no batch limits there: prediction shards its data without
+# padding, so rank 0 then predicts one batch more than the others.
+UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
 # "rank:batch:phase[:SIGNAL]" entries separated by ";". Batch counts from 1 within the run.
 INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
 # "validation" also means the test and predict batches of trainer.test / trainer.predict
@@ -83,14 +86,14 @@ class Model(pl.LightningModule):
         return self._loader(BATCHES)
 
     def val_dataloader(self):
-        return self._loader(VAL_BATCHES)
+        return self._loader(VAL_BATCHES, extra=int(UNEVEN))
 
     test_dataloader = predict_dataloader = val_dataloader
 
-    def _loader(self, batches: int) -> DataLoader:
+    def _loader(self, batches: int, extra: int = 0) -> DataLoader:
         world = self.trainer.world_size
         workers = int(ENV.get("SCENARIO_NUM_WORKERS", "0"))
-        return DataLoader(Numbers(batches * 4 * world), batch_size=4, num_workers=workers,
+        return DataLoader(Numbers(batches * 4 * world + extra), batch_size=4, num_workers=workers,
                           persistent_workers=workers > 0)
 
 
@@ -151,9 +154,9 @@ def main() -> None:
         num_nodes=int(ENV.get("SCENARIO_NUM_NODES", "1")),
         strategy="ddp" if int(ENV.get("SCENARIO_WORLD_SIZE", "1")) > 1 else "auto",
         max_steps=MAX_STEPS,
-        limit_val_batches=VAL_BATCHES,
-        limit_test_batches=VAL_BATCHES,
-        limit_predict_batches=VAL_BATCHES,
+        limit_val_batches=None if UNEVEN else VAL_BATCHES,
+        limit_test_batches=None if UNEVEN else VAL_BATCHES,
+        limit_predict_batches=None if UNEVEN else VAL_BATCHES,
         val_check_interval=int(ENV.get("SCENARIO_VAL_EVERY", str(BATCHES))),
         num_sanity_val_steps=0,
         default_root_dir=OUT,
@@ -183,6 +186,7 @@ def main() -> None:
     finally:
         outcome.update(
             rank=trainer.global_rank,
+            predict_batches=trainer.predict_loop.batch_progress.total.completed,
             world_size=trainer.world_size,
             global_step=trainer.global_step,
             batches_started=injector.batch,

@@ -107,16 +107,37 @@ class StopCoordinator:
         instance once at the end of a run so that a late signal is not lost."""
         if self.decision is not None:
             return True
-        if self.agreement is None:
-            raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
         started = time.monotonic()
-        where = f"step {step} (boundary {self.boundary})" if step is not None else f"boundary {self.boundary}"
-        signum, interval = self.agreement.decide(self.recorder.signum, self.cadence.propose(), where)
+        signum, _ = self._agree(step, in_loop=True)
         finished = time.monotonic()
         self.cadence.observe(started - self._window_start, self.boundary - self._window_boundary, finished - started)
         self._window_start, self._window_boundary = finished, self.boundary
-        self._next_check = self.boundary + interval
         return self._decide(signum, step, finished) if signum else False
+
+    def should_stop_on_leaving(self, step: int | None = None) -> bool:
+        """Call on every rank as it leaves a loop whose number of steps may differ between ranks
+        (evaluation; prediction shards its data without padding). Keeps taking part in the
+        agreements of the ranks still in the loop until every rank has left it, then returns the
+        same answer on every rank."""
+        if self.decision is not None:
+            return True
+        while True:
+            signum, anyone_in_loop = self._agree(step, in_loop=False)
+            if signum or not anyone_in_loop:
+                break
+        # waiting for the other ranks is not the cost of an agreement: start a new measuring window
+        now = time.monotonic()
+        self._window_start, self._window_boundary = now, self.boundary
+        return self._decide(signum, step, now) if signum else False
+
+    def _agree(self, step: int | None, in_loop: bool) -> tuple[int, bool]:
+        if self.agreement is None:
+            raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
+        where = f"step {step} (boundary {self.boundary})" if step is not None else f"boundary {self.boundary}"
+        signum, interval, anyone_in_loop = self.agreement.decide(
+            self.recorder.signum, self.cadence.propose(), where, in_loop)
+        self._next_check = self.boundary + interval
+        return signum, anyone_in_loop
 
     def _decide(self, signum: int, step: int | None, now: float) -> bool:
         since = None if self._signal_boundary is None else self.boundary - self._signal_boundary

@@ -11,6 +11,9 @@ gets it. What it changes in the Trainer it is attached to, for the duration of a
 * At every optimizer-step boundary and every evaluation batch end the coordinator is asked
   ``should_stop``; at the agreed stop each rank saves ``hpc_ckpt_<N>.ckpt`` (during ``fit``) and
   raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``.
+* Evaluation and prediction loops may run a different number of batches per rank (prediction
+  shards without padding): at the first hook after such a loop (``on_*_epoch_end``) each rank
+  waits, still agreeing, until every rank has left it.
 """
 
 from __future__ import annotations
@@ -118,6 +121,16 @@ class UnisonStop(Callback):
     def on_predict_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         self._check(trainer)
 
+    # Ranks may leave an evaluation or prediction loop after different numbers of batches.
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer, leaving=True)
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer, leaving=True)
+
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._check(trainer, leaving=True)
+
     # A signal after the last check point must not be lost: one final agreement per run.
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check(trainer, final=True)
@@ -132,12 +145,17 @@ class UnisonStop(Callback):
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check(trainer, final=True)
 
-    def _check(self, trainer: pl.Trainer, final: bool = False) -> None:
+    def _check(self, trainer: pl.Trainer, final: bool = False, leaving: bool = False) -> None:
         coordinator = self._coordinator
         if coordinator is None:
             return
         step = trainer.global_step
-        stop = coordinator.decide_now(step) if final else coordinator.should_stop(step)
+        if leaving:
+            stop = coordinator.should_stop_on_leaving(step)
+        elif final:
+            stop = coordinator.decide_now(step)
+        else:
+            stop = coordinator.should_stop(step)
         if not stop:
             return
         decision = coordinator.decision
