@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 
 import pytest
+import torch
 
 from ddp_sigterm import Settings, SettingsError, StopCoordinator
 from ddp_sigterm.cadence import Cadence
@@ -86,30 +88,41 @@ def test_recorder_records_chains_and_restores() -> None:
         signal.signal(signal.SIGUSR2, previous)
 
 
-def test_forked_child_blocks_the_recorded_signal_and_survives_it() -> None:
-    recorder = SignalRecorder((signal.SIGUSR2,))
+class _MaskReport(torch.utils.data.Dataset):
+    """Each item: whether the worker has SIGTERM blocked, after the worker sent itself SIGTERM."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> bool:
+        blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        os.kill(os.getpid(), signal.SIGTERM)  # from "outside" (not the parent): kills an unprotected worker
+        return blocked
+
+
+def _exit_1_if_sigterm_blocked() -> None:
+    raise SystemExit(1 if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []) else 0)
+
+
+def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> None:
+    recorder = SignalRecorder((signal.SIGTERM,))
     recorder.install()
     try:
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child, like a DataLoader worker: a signal to it must not kill it
-            os.close(read)
-            blocked = signal.SIGUSR2 in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-            signal.signal(signal.SIGUSR2, signal.SIG_DFL)  # as torch's worker would replace it
-            os.kill(os.getpid(), signal.SIGUSR2)
-            os.write(write, b"alive" if blocked else b"unblocked")
-            os._exit(0)
-        os.close(write)
-        answer = os.read(read, 16)
-        _, status = os.waitpid(pid, 0)
-        assert answer == b"alive" and os.waitstatus_to_exitcode(status) == 0
+        loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork",
+                                             batch_size=None, timeout=60)
+        assert list(loader) == [True, True]  # the worker survived its SIGTERM, with the signal blocked
         assert recorder.signum == 0  # the parent saw nothing
+        # any other forked process keeps SIGTERM unblocked (it inherits the Python handler, as under stock Lightning)
+        child = multiprocessing.get_context("fork").Process(target=_exit_1_if_sigterm_blocked)
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
     finally:
         recorder.restore()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(1 if signal.SIGUSR2 in signal.pthread_sigmask(signal.SIG_BLOCK, []) else 0)
-    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0  # after restore, children are normal
+    loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork",
+                                         batch_size=None, timeout=60)
+    with pytest.raises(RuntimeError, match="DataLoader worker .* (killed by signal|exited unexpectedly)"):  # unprotected
+        list(loader)
 
 
 # -- the coordinator without a process group ------------------------------------------------------

@@ -125,10 +125,16 @@ class StopCoordinator:
             signum, anyone_in_loop = self._agree(step, in_loop=False)
             if signum or not anyone_in_loop:
                 break
-        # waiting for the other ranks is not the cost of an agreement: start a new measuring window
-        now = time.monotonic()
-        self._window_start, self._window_boundary = now, self.boundary
-        return self._decide(signum, step, now) if signum else False
+        self.restart_cadence()
+        return self._decide(signum, step, time.monotonic()) if signum else False
+
+    def restart_cadence(self) -> None:
+        """Agree at the next boundary and measure afresh; every rank calls it at the same point, when
+        entering or leaving a loop whose steps take their own time (evaluation, prediction), so that
+        an interval measured on fast batches does not delay a stop among slow ones."""
+        self.cadence = Cadence(self.settings.check_budget, self.settings.max_delay)
+        self._next_check = self.boundary + 1
+        self._window_start, self._window_boundary = time.monotonic(), self.boundary
 
     def _agree(self, step: int | None, in_loop: bool) -> tuple[int, bool]:
         if self.agreement is None:

@@ -73,11 +73,13 @@ class UnisonStop(Callback):
         if hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor"):
             trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
 
-    def _on_stage_start(self) -> None:
+    def _on_stage_start(self, evaluation: bool = False) -> None:
         if self._coordinator is not None:
             extra = tuple(s for s in self._coordinator.settings.signal_numbers if s != signal.SIGTERM)
             if extra:
                 self._coordinator.recorder.install(extra)
+            if evaluation:  # its batches take their own time (on every rank, at the same point)
+                self._coordinator.restart_cadence()
 
     def _close(self) -> None:
         coordinator, trainer = self._coordinator, self._trainer
@@ -99,13 +101,13 @@ class UnisonStop(Callback):
         self._on_stage_start()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._on_stage_start()
+        self._on_stage_start(evaluation=True)
 
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._on_stage_start()
+        self._on_stage_start(evaluation=True)
 
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._on_stage_start()
+        self._on_stage_start(evaluation=True)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.

@@ -5,20 +5,24 @@ possibly inside a collective. So the handler does no collective, no I/O, no logg
 lock: it stores the signal number and the time, and chains to the handler that was there before.
 What to do about the signal is decided later, at a step boundary, by the agreement.
 
-Forked children (DataLoader workers) inherit the handler but must not act on it, and must not die
-from a signal meant for the job (SLURM signals every process of the job step): while a recorder is
-active, a forked child blocks the recorded signals. A blocked signal stays pending in the worker,
-which still ends normally when its loader shuts it down.
+Forked DataLoader workers inherit the handler but must not act on it, and must not die from a
+signal meant for the job (SLURM signals every process of the job step): while a recorder is active,
+a worker forked by a DataLoader blocks the recorded signals. A blocked signal stays pending in the
+worker, which still ends normally when its loader shuts it down. Other forked children (a user's
+own processes) keep the signals unblocked, as they would without the package.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from types import FrameType
 from typing import Any, Callable
+
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 Handler = Callable[[int, "FrameType | None"], Any] | int | None
 
@@ -27,9 +31,20 @@ _active_signals: set[int] = set()
 
 
 def _block_in_forked_child() -> None:
-    if _active_signals:
+    if _active_signals and _forked_by_dataloader():
         signal.pthread_sigmask(signal.SIG_BLOCK, _active_signals)
-        _active_signals.clear()
+    _active_signals.clear()
+
+
+def _forked_by_dataloader() -> bool:
+    """The child inherits the stack of the fork: a DataLoader forks its workers while creating its
+    iterator. (If torch ever moves that, workers lose the protection; nothing else changes.)"""
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:
+        if frame.f_code is _MultiProcessingDataLoaderIter.__init__.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 os.register_at_fork(after_in_child=_block_in_forked_child)
