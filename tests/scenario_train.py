@@ -24,9 +24,11 @@ ENV = os.environ
 OUT = ENV["SCENARIO_OUT"]
 STAGE = ENV.get("SCENARIO_STAGE", "fit")
 MAX_STEPS = int(ENV.get("SCENARIO_MAX_STEPS", "12"))
+MAX_EPOCHS = int(ENV.get("SCENARIO_MAX_EPOCHS", "0"))  # when set: epoch-based training, MAX_STEPS ignored
 BATCHES = int(ENV.get("SCENARIO_BATCHES", "8"))  # training batches per epoch, per rank
 VAL_BATCHES = int(ENV.get("SCENARIO_VAL_BATCHES", "4"))  # validation batches per rank
 STEP_SLEEP = float(ENV.get("SCENARIO_STEP_SLEEP", "0.02"))
+VAL_SLEEP = float(ENV.get("SCENARIO_VAL_SLEEP", str(STEP_SLEEP)))  # per evaluation/prediction batch
 # One more evaluation/prediction sample and no batch limits there: prediction shards its data without
 # padding, so rank 0 then predicts one batch more than the others.
 UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
@@ -67,7 +69,7 @@ class Model(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         injector.at("validation", batch_idx + 1)
-        time.sleep(STEP_SLEEP)
+        time.sleep(VAL_SLEEP)
         x, y = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
 
@@ -76,11 +78,15 @@ class Model(pl.LightningModule):
 
     def predict_step(self, batch, batch_idx):
         injector.at("validation", batch_idx + 1)
-        time.sleep(STEP_SLEEP)
+        time.sleep(VAL_SLEEP)
         return self.net(batch[0])
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        if ENV.get("SCENARIO_EPOCH_LR_DECAY") != "1":
+            return optimizer
+        # halves the learning rate at every epoch end: a resume that loses or repeats that step shows in the weights
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
 
     def train_dataloader(self):
         return self._loader(BATCHES)
@@ -112,7 +118,9 @@ class Injector(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batch += 1
-        self.progress.write(f"train {self.batch} step {trainer.global_step}\n")
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        self.progress.write(f"train {self.batch} step {trainer.global_step} epoch {trainer.current_epoch} "
+                            f"idx {batch_idx} lr {lr}\n")
         self.at("batch_start")
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
@@ -153,7 +161,8 @@ def main() -> None:
         devices=int(ENV.get("SCENARIO_DEVICES", "1")),
         num_nodes=int(ENV.get("SCENARIO_NUM_NODES", "1")),
         strategy="ddp" if int(ENV.get("SCENARIO_WORLD_SIZE", "1")) > 1 else "auto",
-        max_steps=MAX_STEPS,
+        max_steps=-1 if MAX_EPOCHS else MAX_STEPS,
+        max_epochs=MAX_EPOCHS or None,
         limit_val_batches=None if UNEVEN else VAL_BATCHES,
         limit_test_batches=None if UNEVEN else VAL_BATCHES,
         limit_predict_batches=None if UNEVEN else VAL_BATCHES,

@@ -188,6 +188,17 @@ def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
     assert_latency(result)
 
 
+@patched
+def test_fast_validation_does_not_stretch_the_wait_in_slow_training(tmp_path: Path) -> None:
+    """Validation batches take ~1 ms, training steps 200 ms: the cadence measured in validation must
+    not carry over, or a signal right after validation would wait dozens of slow steps."""
+    step_sleep = 0.2
+    result = fit(tmp_path, inject="1:13:forward", SCENARIO_STEP_SLEEP=str(step_sleep), SCENARIO_VAL_SLEEP="0",
+                 SCENARIO_BATCHES="24", SCENARIO_MAX_STEPS="24", SCENARIO_VAL_EVERY="12", SCENARIO_VAL_BATCHES="40")
+    step = assert_unison_stop(result)
+    assert 13 <= step <= 13 + int(MAX_DELAY / step_sleep) + 1, (step, result.describe())
+
+
 # -- validation, trainer.validate, end of training ----------------------------------------------
 @patched
 def test_signal_during_validation_inside_fit_then_resume(tmp_path: Path) -> None:
@@ -220,11 +231,22 @@ def test_prediction_with_uneven_shards(tmp_path: Path, inject: str) -> None:
 
 
 @patched
-def test_signal_between_epochs(tmp_path: Path) -> None:
-    result = fit(tmp_path, inject="0:8:epoch_end", SCENARIO_BATCHES="8")  # epoch 1 ends after batch 8
+def test_signal_between_epochs_then_resume(tmp_path: Path) -> None:
+    """Epoch-based training (2 epochs of 8 batches, learning rate halved at each epoch end), signal
+    at the end of epoch 1."""
+    epochs = {"SCENARIO_BATCHES": "8", "SCENARIO_MAX_EPOCHS": "2", "SCENARIO_EPOCH_LR_DECAY": "1"}
+    result = fit(tmp_path / "job", inject="0:8:epoch_end", **epochs)
     step = assert_unison_stop(result)
     # the package stops at its next check point, in epoch 2; the patch agrees at the end of epoch 1 already
     assert_stopped_after(step, 8)
+    resumed = fit(tmp_path / "job", SCENARIO_RESUME="1", **epochs)
+    assert_finished(resumed, steps=16)
+    assert {o["batches_started"] for o in resumed.outcomes.values()} == {16 - step}, resumed.describe()
+    if step == 8:  # stopped on the epoch boundary: the resumed run must end exactly where an uninterrupted one does
+        straight = fit(tmp_path / "straight", **epochs)
+        assert_finished(straight, steps=16)
+        weights = {o["weights"] for o in resumed.outcomes.values()} | {o["weights"] for o in straight.outcomes.values()}
+        assert len(weights) == 1, "resumed weights differ from an uninterrupted run's"
 
 
 @patched
