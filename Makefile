@@ -16,7 +16,7 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 PYTEST_LIGHTNING_TEST := $(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider \
 	build/lightning-2.6.6/tests/tests_pytorch/trainer/connectors/test_sigterm_ddp.py
 
-.PHONY: test test-unit test-lightning-2.5.1 patched-lightning test-patched demo clean
+.PHONY: test test-unit test-lightning-2.5.1 patched-lightning test-patched bench demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV)
@@ -62,6 +62,14 @@ test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
 test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	$(PYTEST_PATCHED)
 	$(PYTEST_LIGHTNING_TEST)
+
+# Benchmarks (not a test: minutes of measurement). Writes docs/benchmarks.md and its plot.
+$(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
+	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/bench.txt
+	touch $@
+
+bench: $(VENV)/.bench-installed $(VENV_PATCHED)/.installed
+	$(VENV)/bin/python benchmarks/bench.py
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

@@ -1,15 +1,23 @@
-"""Per-step cost of the SIGTERM check: no check, stock Lightning, the package, the patched Lightning.
+"""make bench: what the SIGTERM check costs per step and how fast a stop happens, side by side.
 
-Runs the configurations interleaved (one job each per repetition, in turn), so that the noise of a
-busy 2-core machine hits them alike, and reports medians and ratios to the no-check baseline.
+Per-step cost: each job interleaves its modes block by block (see job.py), so every ratio to the
+no-check baseline is measured inside one job; the environments (stock Lightning + the package, and
+the patched Lightning when .venv-patched exists) take turns, repetition after repetition. Stop
+latency: the environment's fix with its defaults, SIGTERM to rank 1. Agreement cost: the bare
+all-reduce at 2, 4 and 8 ranks. Writes docs/benchmarks.md and docs/benchmarks-overhead.png and
+prints one summary line per configuration.
 
-    python benchmarks/bench.py [--reps 5] [--ranks 2] [--steps-ms 1,10,100]
+    python benchmarks/bench.py [--reps 5] [--steps-ms 1,10,100] [--ranks 2,4] [--no-docs]
+    python benchmarks/bench.py --from-results build/bench-results.json   # rewrite the page only
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -19,63 +27,278 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import run_job  # noqa: E402
 
-JOB = ROOT / "benchmarks" / "job.py"
-WARMUP = 20  # batches left out: data loader start, first agreements, cadence settling
+STOCK_ENV = ROOT / ".venv" / "bin" / "python"  # released Lightning 2.6.6 with the package installed
+PATCHED_ENV = ROOT / ".venv-patched" / "bin" / "python"
+MAX_DELAY = 1.0  # the package's default, and the patch's constant
+LABELS = {"nocheck": "no check", "stock": "stock 2.6.6", "package": "package", "patched": "patched 2.6.6"}
 
 
-def configurations() -> dict[str, tuple[str, dict[str, str]]]:
-    stock_env = str(ROOT / ".venv" / "bin" / "python")
-    configs = {
-        "no check": (stock_env, {"DDP_SIGTERM": "0", "BENCH_NO_CHECK": "1"}),
-        "stock 2.6.6": (stock_env, {"DDP_SIGTERM": "0"}),
-        "package": (stock_env, {}),
-    }
-    patched = ROOT / ".venv-patched" / "bin" / "python"
-    if patched.exists():
-        configs["patched 2.6.6"] = (str(patched), {})
-    return configs
+def environments() -> dict[str, tuple[Path, list[str]]]:
+    envs = {"package": (STOCK_ENV, ["nocheck", "stock", "package"])}
+    if PATCHED_ENV.exists():
+        envs["patched"] = (PATCHED_ENV, ["nocheck", "patched"])
+    return envs
 
 
-def steps_for(step_ms: float) -> int:
-    """Enough steps for a stable median without making the 100 ms runs long."""
-    return max(60, min(400, int(6000 / step_ms)))
+def shape(step_ms: float) -> tuple[int, int]:
+    """(block length, rounds) so that a job runs a few seconds whatever the step time."""
+    if step_ms <= 2:
+        return 40, 8
+    if step_ms <= 20:
+        return 15, 6
+    return 5, 4
 
 
-def per_step_ms(out: Path, ranks: int) -> float:
-    """Median over ranks of (time from batch WARMUP to the last batch start) / batches."""
-    times = []
-    for rank in range(ranks):
-        starts = json.loads((out / f"bench.rank{rank}.json").read_text())["starts"]
-        times.append((starts[-1] - starts[WARMUP]) / (len(starts) - 1 - WARMUP) * 1000)
-    return statistics.median(times)
+def run(out: Path, python: Path, script: str, ranks: int, env: dict[str, str]):
+    job = run_job(out, mode="independent", world_size=ranks, timeout=900, python=str(python),
+                  script=ROOT / "benchmarks" / script, env=env, poll=0.01)
+    prefix = "collective" if script == "collective.py" else "bench"
+    results = {r: json.loads((out / f"{prefix}.rank{r}.json").read_text())
+               for r in range(ranks) if (out / f"{prefix}.rank{r}.json").exists()}
+    if job.timed_out or len(results) != ranks:
+        raise SystemExit(f"benchmark job failed ({script}, {env}):\n{job.describe()}")
+    return job, results
+
+
+# -- per-step cost ----------------------------------------------------------------------------------
+def measure_cost(step_ms: float, ranks: int, reps: int) -> dict[str, dict]:
+    block, rounds = shape(step_ms)
+    per_mode: dict[str, dict[str, list[float]]] = {}
+    for _ in range(reps):
+        for python, modes in environments().values():
+            steps = block * len(modes) * (rounds + 1)
+            env = {"BENCH_KIND": "cost", "BENCH_STEP": str(step_ms / 1000), "BENCH_STEPS": str(steps),
+                   "BENCH_BLOCK": str(block), "BENCH_MODES": ",".join(modes)}
+            _, results = run(Path(tempfile.mkdtemp(prefix="bench-")), python, "job.py", ranks, env)
+            # a job's time per step in a mode: the median over its steps, then over its ranks
+            ms = {m: statistics.median(statistics.median(r["durations"][m]) for r in results.values()) * 1000
+                  for m in modes}
+            for mode in modes:
+                entry = per_mode.setdefault(mode, {"ms": [], "ratio": []})
+                entry["ms"].append(ms[mode])
+                entry["ratio"].append(ms[mode] / ms["nocheck"])
+    summary = {}
+    for mode, entry in per_mode.items():  # "nocheck" pools both environments' baselines
+        summary[mode] = {"ms": statistics.median(entry["ms"]), "ratio": statistics.median(entry["ratio"]),
+                         "ratios": entry["ratio"]}
+    return summary
+
+
+# -- stop latency -------------------------------------------------------------------------------------
+def measure_latency(step_ms: float, reps: int) -> dict[str, dict]:
+    signal_batch = {1: 200, 10: 40}.get(int(step_ms), 12)  # late enough for the cadence to have settled
+    steps = signal_batch + int(2 * MAX_DELAY * 1000 / step_ms) + 40
+    found: dict[str, dict[str, list]] = {}
+    for _ in range(reps):
+        for name, (python, _) in environments().items():
+            env = {"BENCH_KIND": "latency", "BENCH_STEP": str(step_ms / 1000), "BENCH_STEPS": str(steps),
+                   "BENCH_SIGNAL_RANK": "1", "BENCH_SIGNAL_BATCH": str(signal_batch)}
+            job, results = run(Path(tempfile.mkdtemp(prefix="bench-")), python, "job.py", 2, env)
+            signalled = results[1]
+            sent = signalled["sent_at"]
+            row = found.setdefault(name, {"decided": [], "steps": [], "exception": [], "save": [], "exited": [],
+                                          "codes": []})
+            decision = signalled.get("decision")
+            if decision is not None:
+                row["decided"].append(decision["decided_at"] - sent)
+                row["save"].append(signalled["exception_at"] - decision["decided_at"])
+            row["steps"].append(signalled["stop_step"] - signal_batch)
+            row["exception"].append(signalled["exception_at"] - sent)
+            row["exited"].append(max(job.exited_at.values()) - sent)
+            row["codes"].append(sorted(job.returncodes.values()))
+    return {name: {key: (statistics.median(values) if values and key != "codes" else values)
+                   for key, values in row.items()} for name, row in found.items()}
+
+
+# -- agreement cost versus world size ---------------------------------------------------------------
+def measure_collective(world_sizes: list[int]) -> dict[int, dict[str, float]]:
+    found = {}
+    for world in world_sizes:
+        _, results = run(Path(tempfile.mkdtemp(prefix="bench-")), STOCK_ENV, "collective.py", world,
+                         {"BENCH_REPEATS": "500"})
+        medians = [statistics.median(r["durations"]) for r in results.values()]
+        p90s = [sorted(r["durations"])[int(0.9 * len(r["durations"]))] for r in results.values()]
+        found[world] = {"median_ms": statistics.median(medians) * 1000, "p90_ms": statistics.median(p90s) * 1000}
+        print(f"agreement all-reduce, {world} ranks{oversubscribed(world)}: median "
+              f"{found[world]['median_ms']:.3f} ms, p90 {found[world]['p90_ms']:.3f} ms", flush=True)
+    return found
+
+
+def oversubscribed(ranks: int) -> str:
+    cores = os.cpu_count() or 1
+    return f" (oversubscribed: {cores} cores)" if ranks > cores else ""
+
+
+# -- the page --------------------------------------------------------------------------------------------
+def machine() -> str:
+    model = "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory = ""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        kib = int(meminfo.read_text().split()[1])
+        memory = f", {kib / 2**20:.0f} GiB"
+    return f"{os.cpu_count()} cores ({model}){memory}, {platform.system()} {platform.release()}, Python " \
+           f"{platform.python_version()}"
+
+
+def plot(costs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = {"stock": "tab:red", "package": "tab:green", "patched": "tab:blue"}
+    for ranks, by_step in costs.items():
+        steps = sorted(by_step)
+        for mode, color in colors.items():
+            if mode in by_step[steps[0]]:
+                ax.plot(steps, [(by_step[s][mode]["ratio"] - 1) * 100 for s in steps], marker="o", color=color,
+                        linestyle="-" if ranks == 2 else "--",
+                        label=f"{LABELS[mode]}, {ranks} ranks{oversubscribed(ranks)}")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("work per step (ms)")
+    ax.set_ylabel("time per step vs no check (%)")
+    ax.set_title("Per-step cost of the SIGTERM check (median of ratios, same job)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def page(args, costs, latencies, collective, started: datetime.datetime, seconds: float, command: str) -> str:
+    lines = ["# Benchmarks", "",
+             "What the SIGTERM check costs per training step, and how fast a stop happens, measured side by side",
+             "with stock Lightning. Generated by `make bench`; do not edit by hand.", "",
+             f"- Machine: {machine()}.",
+             f"- Run: {started:%Y-%m-%d %H:%M} UTC, {seconds / 60:.0f} min. Command: `{command}` "
+             "(`make bench` runs it without arguments).",
+             "- Model: one `Linear(8, 1)`, batch 2, DDP on CPU with gloo; a step's work is a sleep of the stated",
+             "  time, so the ranks do not compete for the cores; Lightning's own per-step overhead comes on top.",
+             "", "## Per-step cost", "",
+             "Each job runs its modes in turns, block by block (the same schedule on every rank), and compares",
+             "them inside the job: the noise of this machine moves whole jobs by up to ±15%, which medians of",
+             f"separate jobs cannot see through. {args.reps} jobs per environment and step time, environments",
+             "alternating; the table gives the median time per step and the median of the per-job ratios to",
+             "*no check* (the released Lightning with its per-step broadcast removed and the package opted out).",
+             "*patched* is compared with *no check* measured in the patched environment's own jobs.", ""]
+    for ranks, by_step in costs.items():
+        lines += [f"### {ranks} ranks{oversubscribed(ranks)}", "",
+                  "| work per step | no check | stock 2.6.6 | package | patched 2.6.6 |", "|---|---|---|---|---|"]
+        for step_ms in sorted(by_step):
+            row = by_step[step_ms]
+            cells = [f"{row['nocheck']['ms']:.2f} ms"]
+            for mode in ("stock", "package", "patched"):
+                cells.append(f"{row[mode]['ms']:.2f} ms ({(row[mode]['ratio'] - 1) * 100:+.1f}%)" if mode in row
+                             else "—")
+            lines.append(f"| {step_ms:g} ms | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["![overhead versus step time](benchmarks-overhead.png)", "",
+              "Targets (package versus no check): at most +1% at 10 ms and 100 ms, +2% at 1 ms, 2 ranks:", ""]
+    if 2 in costs:
+        for step_ms in sorted(costs[2]):
+            ratio = (costs[2][step_ms]["package"]["ratio"] - 1) * 100
+            target = 2.0 if step_ms < 5 else 1.0
+            lines.append(f"- {step_ms:g} ms: {ratio:+.1f}% — {'holds' if ratio <= target else 'MISSED'} "
+                         f"(target +{target:g}%)")
+    lines += ["", NOTES["findings"], "## Stop latency", "",
+              f"SIGTERM to rank 1 at the start of a training batch late in the run (the cadence has settled), "
+              f"2 ranks, {args.reps} runs each, medians. *agreed*: signal to the agreed stop (package only: the "
+              "patch keeps no decision record); *steps*: optimizer steps completed after the one the signal "
+              "arrived in; *save*: agreement to the exception reaching the script (checkpoint save and barrier); "
+              "*exception*: signal to the exception on the signalled rank; *all exited*: signal to the last "
+              f"process gone (10 ms polling). Bound: max(one step, max_delay = {MAX_DELAY:g} s).", "",
+              "| work per step | fix | agreed | steps | save | exception | all exited | within bound | exit codes |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for step_ms in sorted(latencies):
+        for name, row in latencies[step_ms].items():
+            bound = max(step_ms / 1000, MAX_DELAY)
+            agreed = f"{row['decided'] * 1000:.0f} ms" if row["decided"] != [] else "—"
+            save = f"{row['save'] * 1000:.0f} ms" if row["save"] != [] else "—"
+            decided = row["decided"] if row["decided"] != [] else row["exception"]
+            codes = sorted({tuple(c) for c in row["codes"]})
+            lines.append(f"| {step_ms:g} ms | {name} | {agreed} | {row['steps']:.0f} | {save} | "
+                         f"{row['exception'] * 1000:.0f} ms | {row['exited'] * 1000:.0f} ms | "
+                         f"{'yes' if decided <= bound else 'NO'} | {', '.join(map(str, codes))} |")
+    lines += ["", "## The agreement at scale", "",
+              "The agreement is one all-reduce of three int64 on a gloo group. Measured alone (500 after a "
+              "warm-up, per rank; median over ranks):", "", "| ranks | median | p90 |", "|---|---|---|"]
+    for world, row in collective.items():
+        lines.append(f"| {world}{oversubscribed(world)} | {row['median_ms']:.3f} ms | {row['p90_ms']:.3f} ms |")
+    lines += ["", NOTES["scale"]]
+    return "\n".join(lines) + "\n"
+
+
+# Hand-written parts of the page: what the numbers mean and what was tried (findings), and the
+# agreement at cluster scale (scale). Kept beside the script so that a re-run keeps them.
+NOTES = {name: (Path(__file__).resolve().parent / f"{name}_notes.md").read_text() for name in ("findings", "scale")}
+
+
+def load_results(path: Path) -> tuple[dict, dict, dict]:
+    """The measurements of an earlier run (JSON turns the numeric keys into strings)."""
+    raw = json.loads(path.read_text())
+    costs = {int(r): {float(s): v for s, v in by_step.items()} for r, by_step in raw["costs"].items()}
+    latencies = {float(s): v for s, v in raw["latencies"].items()}
+    collective = {int(w): v for w, v in raw["collective"].items()}
+    return costs, latencies, collective
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--steps-ms", default="1,10,100")
+    parser.add_argument("--ranks", default="2,4")
+    parser.add_argument("--collective-ranks", default="2,4,8")
+    parser.add_argument("--no-docs", action="store_true", help="print the summary lines only")
+    parser.add_argument("--from-results", type=Path, help="rewrite the page from an earlier run's JSON")
     args = parser.parse_args()
-    configs = configurations()
-    results: dict[tuple[float, str], list[float]] = {}
-    for step_ms in [float(s) for s in args.steps_ms.split(",")]:
-        for rep in range(args.reps):
-            for name, (python, env) in configs.items():
-                out = Path(tempfile.mkdtemp(prefix="bench-"))
-                job = run_job(out, mode="independent", world_size=args.ranks, timeout=600, python=python,
-                              script=JOB, env={"BENCH_STEP": str(step_ms / 1000),
-                                               "BENCH_STEPS": str(steps_for(step_ms)), **env})
-                # the exit code is not judged here: gloo sometimes aborts at interpreter exit after
-                # the results are written (issue 5); a missing result is a failure
-                if job.timed_out or len(list(out.glob("bench.rank*.json"))) != args.ranks:
-                    raise SystemExit(f"{name} at {step_ms} ms failed:\n{job.describe()}")
-                results.setdefault((step_ms, name), []).append(per_step_ms(out, args.ranks))
-        base = statistics.median(results[(step_ms, "no check")])
-        for name in configs:
-            median = statistics.median(results[(step_ms, name)])
-            print(f"{args.ranks} ranks, {step_ms:g} ms step: {name:14s} {median:8.3f} ms/step "
-                  f"[{', '.join(f'{v:.2f}' for v in results[(step_ms, name)])}] "
-                  f"({(median / base - 1) * 100:+.1f}% vs no check, {args.reps} reps)", flush=True)
+    if args.from_results:
+        raw = json.loads(args.from_results.read_text())
+        costs, latencies, collective = load_results(args.from_results)
+        mtime = datetime.datetime.fromtimestamp(args.from_results.stat().st_mtime, datetime.timezone.utc)
+        started = datetime.datetime.fromisoformat(raw["started"]) if "started" in raw else mtime
+        plot(costs, ROOT / "docs" / "benchmarks-overhead.png")
+        command = raw.get("command", "python benchmarks/bench.py")
+        (ROOT / "docs" / "benchmarks.md").write_text(
+            page(args, costs, latencies, collective, started, raw.get("seconds", 0.0), command))
+        print("rewrote docs/benchmarks.md and docs/benchmarks-overhead.png")
+        return
+    started, clock = datetime.datetime.now(datetime.timezone.utc), datetime.datetime.now().timestamp()
+    step_times = [float(s) for s in args.steps_ms.split(",")]
+    costs: dict[int, dict[float, dict]] = {}
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        for step_ms in step_times:
+            summary = measure_cost(step_ms, ranks, args.reps)
+            costs.setdefault(ranks, {})[step_ms] = summary
+            for mode, row in summary.items():
+                print(f"cost, {ranks} ranks{oversubscribed(ranks)}, {step_ms:g} ms work: {LABELS[mode]:14s} "
+                      f"{row['ms']:8.3f} ms/step, {(row['ratio'] - 1) * 100:+5.1f}% vs no check "
+                      f"(per job: {', '.join(f'{(r - 1) * 100:+.1f}' for r in row['ratios'])})", flush=True)
+    latencies = {}
+    for step_ms in step_times:
+        latencies[step_ms] = measure_latency(step_ms, args.reps)
+        for name, row in latencies[step_ms].items():
+            agreed = f"agreed {row['decided'] * 1000:.0f} ms, " if row["decided"] != [] else ""
+            print(f"latency, 2 ranks, {step_ms:g} ms work, {name}: {agreed}{row['steps']:.0f} steps after, "
+                  f"exception {row['exception'] * 1000:.0f} ms, all exited {row['exited'] * 1000:.0f} ms", flush=True)
+    collective = measure_collective([int(r) for r in args.collective_ranks.split(",")])
+    command = " ".join(["python", "benchmarks/bench.py"] + sys.argv[1:])
+    raw = {"costs": costs, "latencies": latencies, "collective": collective, "started": started.isoformat(),
+           "seconds": datetime.datetime.now().timestamp() - clock, "command": command}
+    (ROOT / "build").mkdir(exist_ok=True)
+    (ROOT / "build" / "bench-results.json").write_text(json.dumps(raw, indent=1, default=str))
+    if not args.no_docs:
+        plot(costs, ROOT / "docs" / "benchmarks-overhead.png")
+        seconds = datetime.datetime.now().timestamp() - clock
+        (ROOT / "docs" / "benchmarks.md").write_text(page(args, costs, latencies, collective, started, seconds,
+                                                          command))
+        print("wrote docs/benchmarks.md and docs/benchmarks-overhead.png")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,31 @@
-"""One rank of the benchmark job: a tiny DDP model whose step takes about BENCH_STEP seconds.
+"""One rank of a benchmark job: a tiny DDP model whose step does about BENCH_STEP seconds of work.
 
-Started by benchmarks/bench.py (through the test harness) once per rank. Writes
-``bench.rank<R>.json`` with the time of every training batch start, so the driver can compute the
-per-step time after a warm-up. ``BENCH_NO_CHECK=1`` removes Lightning's per-step SIGTERM broadcast
-for the run: with the package opted out that is the no-check baseline.
+Started once per rank by benchmarks/bench.py, through the test harness. Two kinds (BENCH_KIND):
+
+``cost``: the run is cut into blocks of BENCH_BLOCK steps, each run in one mode, the modes taking
+turns (rotated every round, the same schedule on every rank since it follows the step number):
+
+* ``nocheck``: no SIGTERM check at all (Lightning's per-step broadcast switched off too);
+* ``stock``: Lightning 2.6.6's per-step broadcast from rank 0, as released;
+* ``package``: ddp_sigterm with its defaults (its cadence restarted at each of its blocks, so that
+  the steps of the other modes do not count in its measurements: conservative, it re-learns);
+* ``patched``: the patched Lightning's agreement (in the patched environment).
+
+Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
+(it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
+to the next one's; a block's first and last steps are dropped (a mode switch falls there).
+Writes ``bench.rank<R>.json``: ``{"durations": {mode: [seconds, ...]}}``.
+
+``latency``: the environment's own fix with its defaults; rank BENCH_SIGNAL_RANK sends itself
+SIGTERM at the start of training batch BENCH_SIGNAL_BATCH. Writes when the signal was sent, the
+package's decision (if any), the step at the stop, and when the exception reached the script.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import torch
@@ -20,8 +36,11 @@ from lightning.pytorch.callbacks import Callback
 
 ENV = os.environ
 OUT = ENV["SCENARIO_OUT"]
+KIND = ENV.get("BENCH_KIND", "cost")
 STEP = float(ENV.get("BENCH_STEP", "0.01"))
 STEPS = int(ENV.get("BENCH_STEPS", "200"))
+BLOCK = int(ENV.get("BENCH_BLOCK", "20"))
+MODES = ENV.get("BENCH_MODES", "nocheck,stock,package").split(",")
 
 
 class Tiny(pl.LightningModule):
@@ -42,20 +61,65 @@ class Tiny(pl.LightningModule):
         return DataLoader(TensorDataset(torch.randn(n, 8), torch.randn(n, 1)), batch_size=2)
 
 
-class Clock(Callback):
-    def __init__(self) -> None:
-        self.starts: list[float] = []
+class Modes(Callback):
+    """Switches the SIGTERM check on and off block by block, and times every step."""
 
-    def setup(self, trainer, pl_module, stage):
-        if ENV.get("BENCH_NO_CHECK") == "1" and hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor"):
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+    def __init__(self) -> None:
+        self.mode = MODES[0]
+        self.starts: list[tuple[str, float]] = []
+
+    def on_train_start(self, trainer, pl_module):
+        # after the package's own set-up, which replaced the broadcast with a no-op on this instance
+        epoch_loop = trainer.fit_loop.epoch_loop
+        stock = getattr(type(epoch_loop), "_broadcast_sigterm_tensor", None)
+        if stock is not None:
+            epoch_loop._broadcast_sigterm_tensor = lambda: stock(epoch_loop) if self.mode == "stock" else None
+        self.package = next((cb for cb in trainer.callbacks if type(cb).__name__ == "UnisonStop"), None)
+        if self.package is not None:
+            package_hook = self.package.on_train_batch_end
+            self.package.on_train_batch_end = lambda *a: package_hook(*a) if self.mode == "package" else None
+        connector = trainer._signal_connector
+        self.patched = getattr(connector, "agree_on_sigterm", None)
+        if self.patched is not None:
+            agree = self.patched
+            connector.agree_on_sigterm = lambda force=False: agree(force) if force or self.mode == "patched" else None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.starts.append(time.perf_counter())
+        step = trainer.global_step
+        if step % BLOCK == 0:
+            turn = step // BLOCK
+            self.mode = MODES[(turn + turn // len(MODES)) % len(MODES)]
+            if self.mode == "package" and self.package is not None and self.package._coordinator is not None:
+                self.package._coordinator.restart_cadence()
+            if self.mode == "patched":
+                trainer._signal_connector.restart_sigterm_cadence()
+        self.starts.append((self.mode, time.perf_counter()))
+
+    def durations(self) -> dict[str, list[float]]:
+        found: dict[str, list[float]] = {mode: [] for mode in MODES}
+        warm = BLOCK * len(MODES)  # the first round warms up data loading, caches and the cadence
+        for i in range(max(warm, 1), len(self.starts) - 1):
+            mode, start = self.starts[i]
+            if self.starts[i - 1][0] == mode and self.starts[i + 1][0] == mode:
+                found[mode].append(self.starts[i + 1][1] - start)
+        return found
+
+
+class SignalAt(Callback):
+    def __init__(self, rank: int, batch: int) -> None:
+        self.rank, self.batch, self.sent_at = rank, batch, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step + 1 == self.batch and self.sent_at is None:
+            self.sent_at = time.monotonic()
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> None:
-    clock = Clock()
+    if KIND == "cost":
+        probe: Callback = Modes()
+    else:
+        probe = SignalAt(int(ENV.get("BENCH_SIGNAL_RANK", "1")), int(ENV.get("BENCH_SIGNAL_BATCH", "50")))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
@@ -68,13 +132,25 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        callbacks=[clock],
+        callbacks=[probe],
         default_root_dir=OUT,
     )
-    trainer.fit(Tiny())
-    with open(os.path.join(OUT, f"bench.rank{trainer.global_rank}.json"), "w") as f:
-        json.dump({"starts": clock.starts, "lightning": pl.__version__,
-                   "callbacks": [type(cb).__name__ for cb in trainer.callbacks]}, f)
+    result: dict = {"lightning": pl.__version__, "callbacks": [type(cb).__name__ for cb in trainer.callbacks]}
+    try:
+        trainer.fit(Tiny())
+    except SystemExit as stop:
+        decision = getattr(stop, "stop", None)
+        result.update(exit_code=stop.code, exception_at=time.monotonic(), stop_step=trainer.global_step,
+                      decision=None if decision is None else {k: getattr(decision, k)
+                                                              for k in decision.__dataclass_fields__})
+        raise
+    finally:
+        if KIND == "cost":
+            result["durations"] = probe.durations()
+        else:
+            result["sent_at"] = probe.sent_at
+        with open(os.path.join(OUT, f"bench.rank{trainer.global_rank}.json"), "w") as f:
+            json.dump(result, f)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ class JobResult:
     logs: dict[str, Path]
     elapsed: float
     outside: OutsideSignal | None = None
+    exited_at: dict[str, float] = dataclasses.field(default_factory=dict)  # label -> time.monotonic() seen exited
 
     def describe(self) -> str:
         lines = [f"mode={self.mode} world_size={self.world_size} timed_out={self.timed_out} "
@@ -87,8 +88,10 @@ def run_job(
     env: dict[str, str] | None = None,
     python: str | None = None,
     script: Path = SCRIPT,
+    poll: float = 0.05,
 ) -> JobResult:
-    """Run one job to completion or to ``timeout`` seconds; never leaves a process behind."""
+    """Run one job to completion or to ``timeout`` seconds; never leaves a process behind.
+    ``poll`` is how often the processes are looked at (and so the resolution of ``exited_at``)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")):
         stale.unlink()
@@ -128,6 +131,7 @@ def run_job(
     groups: set[int] = set()  # every process group seen in the job's process trees
     logs: dict[str, Path] = {}
     timed_out = False
+    exited_at: dict[str, float] = {}
     started = time.monotonic()
     try:
         for label, (cmd, proc_env) in commands.items():
@@ -138,6 +142,9 @@ def run_job(
         deadline = started + timeout
         next_scan = 0.0
         while any(p.poll() is None for p in procs.values()):
+            for label, proc in procs.items():
+                if label not in exited_at and proc.returncode is not None:
+                    exited_at[label] = time.monotonic()
             if time.monotonic() > next_scan:
                 groups |= _job_groups(procs)
                 next_scan = time.monotonic() + 0.5
@@ -146,7 +153,10 @@ def run_job(
                 break
             if outside is not None and outside.sent_at is None and _reached(out, outside.rank, outside.batch):
                 _send(outside, procs, mode)
-            time.sleep(0.05)
+            time.sleep(poll)
+        for label, proc in procs.items():
+            if proc.returncode is not None:
+                exited_at.setdefault(label, time.monotonic())
     finally:
         groups |= _job_groups(procs)
         for proc in procs.values():
@@ -165,7 +175,7 @@ def run_job(
         outcomes[data["rank"]] = data
     returncodes = {label: (None if timed_out and _killed(p) else p.returncode) for label, p in procs.items()}
     return JobResult(mode, world_size, out, timed_out, returncodes, outcomes, logs,
-                     time.monotonic() - started, outside)
+                     time.monotonic() - started, outside, exited_at)
 
 
 def _reached(out: Path, rank: int, batch: int) -> bool:

@@ -1,0 +1,38 @@
+"""One rank of the collective micro-benchmark: the agreement's all-reduce alone, timed.
+
+Started by benchmarks/bench.py (through the test harness, one process per rank). Each rank joins a
+gloo group, runs BENCH_WARMUP all-reduces of three int64 (the agreement's payload), then times
+BENCH_REPEATS of them, and writes ``collective.rank<R>.json`` with every duration in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+ENV = os.environ
+
+
+def main() -> None:
+    rank, world = int(ENV["NODE_RANK"]), int(ENV["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    votes = torch.zeros(3, dtype=torch.int64)
+    for _ in range(int(ENV.get("BENCH_WARMUP", "50"))):
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+    durations = []
+    for _ in range(int(ENV.get("BENCH_REPEATS", "500"))):
+        start = time.perf_counter()
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX)
+        durations.append(time.perf_counter() - start)
+    dist.barrier()
+    with open(os.path.join(ENV["SCENARIO_OUT"], f"collective.rank{rank}.json"), "w") as f:
+        json.dump({"durations": durations}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
