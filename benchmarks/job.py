@@ -7,9 +7,11 @@ turns (rotated every round, the same schedule on every rank since it follows the
 
 * ``nocheck``: no SIGTERM check at all (Lightning's per-step broadcast switched off too);
 * ``stock``: Lightning 2.6.6's per-step broadcast from rank 0, as released;
-* ``package``: ddp_sigterm with its defaults (its cadence restarted at each of its blocks, so that
-  the steps of the other modes do not count in its measurements: conservative, it re-learns);
+* ``package``: ddp_sigterm with its defaults;
 * ``patched``: the patched Lightning's agreement (in the patched environment).
+
+The package's and the patch's cadence clocks are paused while the other modes run, so that they
+see one continuous run of their own steps, as in training.
 
 Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
 (it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
@@ -88,12 +90,22 @@ class Modes(Callback):
         step = trainer.global_step
         if step % BLOCK == 0:
             turn = step // BLOCK
-            self.mode = MODES[(turn + turn // len(MODES)) % len(MODES)]
-            if self.mode == "package" and self.package is not None and self.package._coordinator is not None:
-                self.package._coordinator.restart_cadence()
-            if self.mode == "patched":
-                trainer._signal_connector.restart_sigterm_cadence()
+            previous, self.mode = self.mode, MODES[(turn + turn // len(MODES)) % len(MODES)]
+            if previous != self.mode:
+                self._pause_cadence(trainer, previous, self.mode)
         self.starts.append((self.mode, time.perf_counter()))
+
+    def _pause_cadence(self, trainer, leaving: str, entering: str) -> None:
+        """Shift the measuring window of the fix's cadence by the time its mode was off (it measures
+        time per step boundary, and the other modes' steps pass no boundary of its own)."""
+        now = time.monotonic()
+        if leaving in ("package", "patched"):
+            self.paused_at = now
+        if entering in ("package", "patched") and getattr(self, "paused_at", None) is not None:
+            if entering == "package" and self.package is not None and self.package._coordinator is not None:
+                self.package._coordinator._window_start += now - self.paused_at
+            if entering == "patched":
+                trainer._signal_connector._sigterm_agreement._window_start += now - self.paused_at
 
     def durations(self) -> dict[str, list[float]]:
         found: dict[str, list[float]] = {mode: [] for mode in MODES}

@@ -181,10 +181,10 @@ def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
 def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
     """Short steps and a signal late in training, when agreements no longer run at every step:
     the stop still comes within max_delay."""
-    result = fit(tmp_path, inject="1:250:forward", SCENARIO_STEP_SLEEP="0.001", SCENARIO_MAX_STEPS="400",
-                 SCENARIO_BATCHES="400")
+    result = fit(tmp_path, inject="1:250:forward", SCENARIO_STEP_SLEEP="0.001", SCENARIO_MAX_STEPS="900",
+                 SCENARIO_BATCHES="900")
     step = assert_unison_stop(result)
-    assert 250 <= step < 400
+    assert 250 <= step < 900  # steps take ~3 ms: max_delay allows ~300 more, the end of training is further
     assert_latency(result)
 
 

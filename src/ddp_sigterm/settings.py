@@ -58,9 +58,11 @@ class Settings:
     """Upper bound, in seconds, on the time between the first signal on any rank and the agreed stop,
     for steps shorter than this; a longer step stops at the next step boundary."""
 
-    check_budget: float = 0.01
-    """Fraction of training time the agreement may cost. The cadence stretches the interval between
-    agreements until the measured cost fits, never beyond ``max_delay``."""
+    check_budget: float = 0.003
+    """Fraction of training time the agreement's own duration may take. The cadence stretches the
+    interval between agreements until the measured duration fits, never beyond ``max_delay``. A
+    collective costs a step more than its own duration (threads waking, the next collective
+    disturbed: 2-3 times, measured in docs/benchmarks.md), so 0.3% keeps the whole under 1%."""
 
     agreement_timeout: float = 600.0
     """Seconds one agreement may wait for the slowest rank before it fails with an error naming the
