@@ -48,14 +48,11 @@ class StopCoordinator:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings if settings is not None else Settings.resolve()
         self.recorder = SignalRecorder(self.settings.signal_numbers)
-        self.cadence = Cadence(self.settings.check_budget, self.settings.max_delay)
         self.agreement: Agreement | None = None
         self.decision: StopDecision | None = None
         self.boundary = 0  # step boundaries passed, counted the same way on every rank
-        self._next_check = 1
-        self._window_start = 0.0
-        self._window_boundary = 0
         self._signal_boundary: int | None = None
+        self.restart_cadence()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, install_handlers: bool = True) -> None:
@@ -67,7 +64,7 @@ class StopCoordinator:
             self.recorder.install()
         else:
             self.recorder.activate()
-        self._window_start = time.monotonic()
+        self.restart_cadence()  # measure from here, not from construction
 
     def close(self) -> None:
         """Restore the signal handlers and destroy the agreement group. Safe to call twice."""
