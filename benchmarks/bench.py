@@ -106,7 +106,8 @@ def measure_latency(step_ms: float, reps: int) -> dict[str, dict]:
             row["exception"].append(signalled["exception_at"] - sent)
             row["exited"].append(max(job.exited_at.values()) - sent)
             row["codes"].append(sorted(job.returncodes.values()))
-    return {name: {key: (statistics.median(values) if values and key != "codes" else values)
+    # medians; None where the fix records nothing (the patch has no decision record)
+    return {name: {key: values if key == "codes" else (statistics.median(values) if values else None)
                    for key, values in row.items()} for name, row in found.items()}
 
 
@@ -219,9 +220,9 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
     for step_ms in sorted(latencies):
         for name, row in latencies[step_ms].items():
             bound = max(step_ms / 1000, MAX_DELAY)
-            agreed = f"{row['decided'] * 1000:.0f} ms" if row["decided"] != [] else "—"
-            save = f"{row['save'] * 1000:.0f} ms" if row["save"] != [] else "—"
-            decided = row["decided"] if row["decided"] != [] else row["exception"]
+            agreed = f"{row['decided'] * 1000:.0f} ms" if row["decided"] is not None else "—"
+            save = f"{row['save'] * 1000:.0f} ms" if row["save"] is not None else "—"
+            decided = row["decided"] if row["decided"] is not None else row["exception"]
             codes = sorted({tuple(c) for c in row["codes"]})
             lines.append(f"| {step_ms:g} ms | {name} | {agreed} | {row['steps']:.0f} | {save} | "
                          f"{row['exception'] * 1000:.0f} ms | {row['exited'] * 1000:.0f} ms | "
@@ -259,15 +260,7 @@ def main() -> None:
     parser.add_argument("--from-results", type=Path, help="rewrite the page from an earlier run's JSON")
     args = parser.parse_args()
     if args.from_results:
-        raw = json.loads(args.from_results.read_text())
-        costs, latencies, collective = load_results(args.from_results)
-        mtime = datetime.datetime.fromtimestamp(args.from_results.stat().st_mtime, datetime.timezone.utc)
-        started = datetime.datetime.fromisoformat(raw["started"]) if "started" in raw else mtime
-        plot(costs, ROOT / "docs" / "benchmarks-overhead.png")
-        command = raw.get("command", "python benchmarks/bench.py")
-        (ROOT / "docs" / "benchmarks.md").write_text(
-            page(args, costs, latencies, collective, started, raw.get("seconds", 0.0), command))
-        print("rewrote docs/benchmarks.md and docs/benchmarks-overhead.png")
+        write_docs(args, *load_results(args.from_results), json.loads(args.from_results.read_text()))
         return
     started, clock = datetime.datetime.now(datetime.timezone.utc), datetime.datetime.now().timestamp()
     step_times = [float(s) for s in args.steps_ms.split(",")]
@@ -284,7 +277,7 @@ def main() -> None:
     for step_ms in step_times:
         latencies[step_ms] = measure_latency(step_ms, args.reps)
         for name, row in latencies[step_ms].items():
-            agreed = f"agreed {row['decided'] * 1000:.0f} ms, " if row["decided"] != [] else ""
+            agreed = f"agreed {row['decided'] * 1000:.0f} ms, " if row["decided"] is not None else ""
             print(f"latency, 2 ranks, {step_ms:g} ms work, {name}: {agreed}{row['steps']:.0f} steps after, "
                   f"exception {row['exception'] * 1000:.0f} ms, all exited {row['exited'] * 1000:.0f} ms", flush=True)
     collective = measure_collective([int(r) for r in args.collective_ranks.split(",")])
@@ -294,11 +287,16 @@ def main() -> None:
     (ROOT / "build").mkdir(exist_ok=True)
     (ROOT / "build" / "bench-results.json").write_text(json.dumps(raw, indent=1, default=str))
     if not args.no_docs:
-        plot(costs, ROOT / "docs" / "benchmarks-overhead.png")
-        seconds = datetime.datetime.now().timestamp() - clock
-        (ROOT / "docs" / "benchmarks.md").write_text(page(args, costs, latencies, collective, started, seconds,
-                                                          command))
-        print("wrote docs/benchmarks.md and docs/benchmarks-overhead.png")
+        write_docs(args, costs, latencies, collective, raw)
+
+
+def write_docs(args, costs: dict, latencies: dict, collective: dict, raw: dict) -> None:
+    """The plot and the page, from the measurements and the run's record (start, duration, command)."""
+    plot(costs, ROOT / "docs" / "benchmarks-overhead.png")
+    started = datetime.datetime.fromisoformat(raw["started"])
+    (ROOT / "docs" / "benchmarks.md").write_text(
+        page(args, costs, latencies, collective, started, raw["seconds"], raw["command"]))
+    print("wrote docs/benchmarks.md and docs/benchmarks-overhead.png")
 
 
 if __name__ == "__main__":
