@@ -30,6 +30,16 @@ def main() -> None:
     stop.start()
     outcome = {"rank": rank, "exception": None, "exit_code": 0, "stop": None, "injected_at": None}
     step = 0
+
+    def stop_here() -> None:
+        if rank == 0:
+            path = os.path.join(OUT, f"hpc_ckpt_{step}.ckpt")
+            torch.save({"global_step": step, "model": model.module.state_dict()}, path)
+        dist.barrier()
+        outcome.update(exception="SIGTERMException", exit_code=stop.exit_code,
+                       stop={k: getattr(stop.decision, k) for k in stop.decision.__dataclass_fields__})
+        raise SystemExit(stop.exit_code)
+
     try:
         while step < int(ENV.get("SCENARIO_MAX_STEPS", "12")):
             step += 1
@@ -43,13 +53,9 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             if stop.should_stop(step):
-                if rank == 0:
-                    path = os.path.join(OUT, f"hpc_ckpt_{step}.ckpt")
-                    torch.save({"global_step": step, "model": model.module.state_dict()}, path)
-                dist.barrier()
-                outcome.update(exception="SIGTERMException", exit_code=stop.exit_code,
-                               stop={k: getattr(stop.decision, k) for k in stop.decision.__dataclass_fields__})
-                raise SystemExit(stop.exit_code)
+                stop_here()
+        if stop.decide_now(step):  # a signal after the last agreement is not lost
+            stop_here()
     finally:
         outcome.update(global_step=step, batches_started=step, weights="", callbacks=[])
         with open(os.path.join(OUT, f"outcome.rank{rank}.json"), "w") as f:

@@ -172,7 +172,7 @@ def test_every_process_signalled_with_dataloader_workers(tmp_path: Path, mode: s
 def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
     """The framework-agnostic core in a hand-written DDP loop: same guarantee, no Lightning."""
     result = run_job(tmp_path, mode="torchrun", world_size=2, timeout=MUST_FINISH, script=HERE / "plain_loop.py",
-                     scenario={"SCENARIO_INJECT": "1:3", "SCENARIO_MAX_STEPS": "40"})
+                     scenario={"SCENARIO_INJECT": "1:3", "SCENARIO_MAX_STEPS": "80"})  # > 3 + 1 s of steps
     assert_stopped_after(assert_unison_stop(result), 3)
     assert_latency(result)
 

@@ -10,6 +10,9 @@ Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
             if stop.should_stop(step):   # every rank, every step: same answer everywhere
                 save_checkpoint(step)
                 raise SystemExit(stop.exit_code)  # 128 + signal number
+        if stop.decide_now(step):        # once at the end: a signal after the last agreement
+            save_checkpoint(step)
+            raise SystemExit(stop.exit_code)
     finally:
         stop.close()
 """
