@@ -6,7 +6,10 @@ never interleaves with the collectives of the training step, and it has its own 
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -16,8 +19,18 @@ class AgreementError(RuntimeError):
     """The agreement could not complete; the message names the rank and step."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Vote:
+    """What every rank gets back from :meth:`Agreement.decide`."""
+
+    signum: int  # the largest stop signal number any rank recorded, 0 if none
+    interval: int  # the smallest interval any rank proposed
+    anyone_in_loop: bool
+    requeue: bool  # some rank recorded the job's requeue signal
+
+
 class Agreement:
-    """Cross-rank vote on ``(stop signal, next interval, still in the loop)`` over a dedicated gloo group.
+    """Cross-rank vote on a stop over a dedicated gloo group.
 
     Creating it is itself a collective on the default group: every rank must construct it at the
     same point. Without an initialised default group, or with one rank, it decides locally.
@@ -32,33 +45,67 @@ class Agreement:
             if self.distributed
             else None
         )
-        self._payload = torch.zeros(3, dtype=torch.int64)
+        self._payload = torch.zeros(4, dtype=torch.int64)
 
-    def decide(self, signum: int, interval: int, where: str, in_loop: bool = True) -> tuple[int, int, bool]:
+    def decide(self, signum: int, interval: int, where: str, in_loop: bool = True, requeue: bool = False) -> Vote:
         """Agree on a stop.
 
         Contract: every rank calls ``decide`` at the same points, in the same order, and all ranks
-        return the same triple: the largest signal number any rank recorded (0 when no rank was
+        return the same :class:`Vote`: the largest signal number any rank recorded (0 when no rank was
         signalled), so that any rank can trigger the stop; the smallest interval any rank proposed;
-        and whether any rank is still in its loop (``in_loop``), which lets ranks that left a loop
-        of uneven length keep pairing with those still in it. A rank that fails or times out
-        raises :class:`AgreementError` naming ``where``.
+        whether any rank is still in its loop (``in_loop``), which lets ranks that left a loop of
+        uneven length keep pairing with those still in it; and whether any rank asks for the job to
+        be requeued. A rank that fails or times out raises :class:`AgreementError` naming ``where``.
         """
         if self.group is None:
-            return signum, interval, in_loop
+            return Vote(signum, interval, in_loop, requeue)
         self._payload[0] = signum
         self._payload[1] = -interval  # MAX of the negation is the MIN of the proposals
         self._payload[2] = int(in_loop)
+        self._payload[3] = int(requeue)
+        self._all_reduce_max(where)
+        return Vote(int(self._payload[0]), -int(self._payload[1]), bool(self._payload[2]), bool(self._payload[3]))
+
+    def first_failure(self, succeeded: bool, where: str) -> int | None:
+        """After a step every rank takes in the stop (saving its checkpoint): the lowest rank on which
+        it failed, or None. Contract as for :meth:`decide`: every rank calls it, all get the same answer;
+        it doubles as the barrier that ends the step, so no rank waits on a peer that gave up."""
+        if self.group is None:
+            return None if succeeded else self.rank
+        self._payload.zero_()
+        self._payload[0] = 0 if succeeded else self.world_size - self.rank  # MAX picks the lowest failed rank
+        self._all_reduce_max(where)
+        failed = int(self._payload[0])
+        return None if failed == 0 else self.world_size - failed
+
+    def _all_reduce_max(self, where: str) -> None:
         try:
             dist.all_reduce(self._payload, op=dist.ReduceOp.MAX, group=self.group)
         except Exception as error:
             raise AgreementError(
                 f"ddp_sigterm: rank {self.rank} of {self.world_size}: the stop agreement at {where} failed: {error}"
             ) from error
-        return int(self._payload[0]), -int(self._payload[1]), bool(self._payload[2])
 
     def close(self) -> None:
         """Destroy the dedicated group. Every rank calls it at the same point; safe to call twice."""
         if self.group is not None and dist.is_initialized():
             dist.destroy_process_group(self.group)
         self.group = None
+
+
+_destroy_registered_by: int | None = None
+
+
+def destroy_default_group_at_exit() -> None:
+    """Destroy the default process group when this process exits (registered once per process; a
+    forked child does not run its parent's registration)."""
+    global _destroy_registered_by
+    if _destroy_registered_by == os.getpid():
+        return
+    _destroy_registered_by = os.getpid()
+    atexit.register(_destroy_default_group, os.getpid())
+
+
+def _destroy_default_group(owner: int) -> None:
+    if os.getpid() == owner and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -22,8 +22,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ddp_sigterm.agreement import Agreement
+from ddp_sigterm.agreement import Agreement, destroy_default_group_at_exit
 from ddp_sigterm.cadence import Cadence
+from ddp_sigterm.deadline import Deadline
 from ddp_sigterm.settings import Settings
 from ddp_sigterm.signals import SignalRecorder
 
@@ -39,6 +40,7 @@ class StopDecision:
     decided_at: float
     received_at: float | None
     boundaries_since_signal: int | None
+    requeue: bool = False
 
     @property
     def exit_code(self) -> int:
@@ -48,13 +50,23 @@ class StopDecision:
 class StopCoordinator:
     """Records stop signals and agrees, across ranks, at which step boundary everyone stops."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None) -> None:
+        """``requeue_signal``: a signal that also asks for the job to be requeued (SLURM's, when the
+        job requeues itself); it stops like the others and sets ``decision.requeue`` on every rank."""
         self.settings = settings if settings is not None else Settings.resolve()
-        self.recorder = SignalRecorder(self.settings.signal_numbers)
+        signals = self.settings.signal_numbers
+        if requeue_signal is not None and requeue_signal not in signals:
+            signals += (requeue_signal,)
+        self.requeue_signal = requeue_signal
+        self.recorder = SignalRecorder(signals)
         self.agreement: Agreement | None = None
+        self.deadline: Deadline | None = None
         self.decision: StopDecision | None = None
         self.boundary = 0  # step boundaries passed, counted the same way on every rank
         self._signal_boundary: int | None = None
+        self._requeue = False  # the last vote's
+        # What this rank waits for, named if the stop deadline runs out (read by its thread).
+        self.activity = "the first step boundary"
         self.restart_cadence()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -63,6 +75,12 @@ class StopCoordinator:
         framework composes signal handlers itself, install the recording handlers."""
         if self.agreement is None:
             self.agreement = Agreement(self.settings.agreement_timeout)
+            if self.settings.destroy_at_exit and self.agreement.distributed:
+                destroy_default_group_at_exit()
+        if self.deadline is None:
+            self.deadline = Deadline(self.settings.stop_deadline, self.recorder.signals,
+                                     f"rank {self.rank} of {self.world_size}", lambda: self.activity)
+            self.deadline.start()
         if install_handlers:
             self.recorder.install()
         else:
@@ -70,8 +88,12 @@ class StopCoordinator:
         self.restart_cadence()  # measure from here, not from construction
 
     def close(self) -> None:
-        """Restore the signal handlers and destroy the agreement group. Safe to call twice."""
+        """Restore the signal handlers and destroy the agreement group. Safe to call twice. After a
+        stop the deadline keeps running until the process has exited."""
         self.recorder.restore()
+        if self.deadline is not None:
+            self.deadline.close()
+            self.deadline = None
         if self.agreement is not None:
             self.agreement.close()
             self.agreement = None
@@ -136,19 +158,45 @@ class StopCoordinator:
         self._next_check = self.boundary + 1
         self._window_start, self._window_boundary = time.monotonic(), self.boundary
 
+    def _where(self, step: int | None) -> str:
+        return f"step {step} (boundary {self.boundary})" if step is not None else f"boundary {self.boundary}"
+
     def _agree(self, step: int | None, in_loop: bool) -> tuple[int, bool]:
         if self.agreement is None:
             raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
-        where = f"step {step} (boundary {self.boundary})" if step is not None else f"boundary {self.boundary}"
-        signum, interval, anyone_in_loop = self.agreement.decide(
-            self.recorder.signum, self.cadence.propose(), where, in_loop)
-        self._next_check = self.boundary + interval
-        return signum, anyone_in_loop
+        where = self._where(step)
+        self.activity = f"the stop agreement at {where}, which needs all {self.world_size} ranks"
+        vote = self.agreement.decide(self.recorder.signum, self.cadence.propose(), where, in_loop,
+                                     self._requeue_received())
+        self.activity = f"the next step boundary after {where} (a step, or a collective inside it)"
+        self._next_check = self.boundary + vote.interval
+        self._requeue = vote.requeue
+        return vote.signum, vote.anyone_in_loop
 
     def _decide(self, signum: int, step: int | None, now: float) -> bool:
         since = None if self._signal_boundary is None else self.boundary - self._signal_boundary
-        self.decision = StopDecision(signum, step, self.boundary, now, self.recorder.received_at, since)
+        # with peers, the vote's answer (the same everywhere); alone, this process's
+        requeue = self._requeue if self.world_size > 1 else self._requeue_received()
+        self.decision = StopDecision(signum, step, self.boundary, now, self.recorder.received_at, since, requeue)
+        self.activity = f"the process to exit after the stop agreed at {self._where(step)}"
+        if self.deadline is not None:
+            self.deadline.arm(now, "the agreed stop")
         return True
+
+    def _requeue_received(self) -> bool:
+        return self.requeue_signal is not None and bool(self.recorder.mask & (1 << self.requeue_signal))
+
+    def all_succeeded(self, succeeded: bool, what: str, step: int | None = None) -> int | None:
+        """After the agreed stop, every rank reports whether its part of ``what`` (saving the stop
+        checkpoint) succeeded; returns the lowest rank on which it failed, or None, on every rank.
+        Every rank must call it at the same point: it is also the barrier that ends ``what``."""
+        if self.agreement is None:
+            raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
+        where = f"the end of {what} at {self._where(step)}"
+        self.activity = f"{where}, which needs all {self.world_size} ranks"
+        failed = self.agreement.first_failure(succeeded, where)
+        self.activity = f"the process to exit after {what} at {self._where(step)}"
+        return failed
 
     @property
     def exit_code(self) -> int:

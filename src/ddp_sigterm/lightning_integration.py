@@ -8,9 +8,13 @@ gets it. What it changes in the Trainer it is attached to, for the duration of a
   handlers. ``trainer.received_sigterm`` stays False until the stop is agreed, so Lightning's three
   raises on the local flag never fire before the agreement.
 * The per-batch broadcast from rank 0 in the training epoch loop (2.5.2+) is switched off.
+* Under SLURM with auto-requeue, Lightning's requeue handler (which saves and runs ``scontrol
+  requeue`` inside the handler) is replaced by the same recorder: the requeue signal stops the job
+  like SIGTERM, and after the stop checkpoint global rank 0 requeues the job, once.
 * At every optimizer-step boundary and every evaluation batch end the coordinator is asked
   ``should_stop``; at the agreed stop each rank saves ``hpc_ckpt_<N>.ckpt`` (during ``fit``) and
-  raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``.
+  raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``. A save
+  or requeue that fails on any rank makes every rank raise :class:`StopError` instead.
 * Evaluation and prediction loops may run a different number of batches per rank (prediction
   shards without padding): at the first hook after such a loop (``on_*_epoch_end``) each rank
   waits, still agreeing, until every rank has left it.
@@ -24,16 +28,19 @@ import signal
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from ddp_sigterm import slurm
 from ddp_sigterm.coordinator import StopCoordinator
 from ddp_sigterm.settings import Settings
 
 
 class StopError(RuntimeError):
-    """Saving the agreed stop checkpoint failed; the message names the rank and step."""
+    """Saving the agreed stop checkpoint (or requeueing the job) failed on some rank; every rank
+    raises it, and the message names the rank, the step and the reason."""
 
 
 class UnisonStop(Callback):
@@ -64,18 +71,26 @@ class UnisonStop(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._steps_aside(trainer):
             return
-        coordinator = StopCoordinator(self.settings)
-        # SIGTERM goes through Lightning's connector (it chains and restores); other signals are
-        # installed by the recorder once the connector has registered, in _on_stage_start.
+        environment = trainer._accelerator_connector.cluster_environment
+        requeue = environment.requeue_signal if isinstance(environment, SLURMEnvironment) and \
+            environment.auto_requeue else None
+        coordinator = StopCoordinator(self.settings, requeue_signal=requeue)
+        # SIGTERM and SLURM's requeue signal go through Lightning's connector (it chains and
+        # restores); other signals are installed by the recorder once the connector has
+        # registered, in _on_stage_start.
         coordinator.start(install_handlers=False)
         self._coordinator, self._trainer = coordinator, trainer
-        trainer._signal_connector._sigterm_notifier_fn = coordinator.recorder.record
+        connector = trainer._signal_connector
+        connector._sigterm_notifier_fn = coordinator.recorder.record
+        connector._slurm_sigusr_handler_fn = coordinator.recorder.record
+        connector._sigterm_handler_fn = _bypass_log_in_handler
         if hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor"):
             trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
 
     def _on_stage_start(self, evaluation: bool = False) -> None:
         if self._coordinator is not None:
-            extra = tuple(s for s in self._coordinator.settings.signal_numbers if s != signal.SIGTERM)
+            by_lightning = {signal.SIGTERM, self._coordinator.requeue_signal}
+            extra = tuple(s for s in self._coordinator.settings.signal_numbers if s not in by_lightning)
             if extra:
                 self._coordinator.recorder.install(extra)
             if evaluation:  # its batches take their own time (on every rank, at the same point)
@@ -87,7 +102,8 @@ class UnisonStop(Callback):
         if coordinator is not None:
             coordinator.close()
         if trainer is not None:
-            trainer._signal_connector.__dict__.pop("_sigterm_notifier_fn", None)
+            for name in ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn", "_sigterm_handler_fn"):
+                trainer._signal_connector.__dict__.pop(name, None)
             trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -165,10 +181,10 @@ class UnisonStop(Callback):
         trainer._signal_connector.received_sigterm = True
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
-            path = _save_stop_checkpoint(trainer, coordinator.rank, step)
-            rank_zero_info(f"{agreed}; checkpoint saved to {path}")
-        else:
-            rank_zero_info(agreed)
+            agreed += f"; checkpoint saved to {_save_stop_checkpoint(trainer, coordinator, step)}"
+        if decision.requeue:
+            agreed += f"; SLURM job {_requeue(trainer, coordinator, step)} requeued"
+        rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = SIGTERMException(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]
         raise exception
@@ -178,19 +194,58 @@ def _no_broadcast() -> None:
     """Replaces Lightning's per-batch broadcast of rank 0's flag; the agreement decides instead."""
 
 
-def _save_stop_checkpoint(trainer: pl.Trainer, rank: int, step: int) -> str:
-    """Every rank takes part; rank 0 writes to a temporary name and renames, so that a save cut
-    short never leaves a truncated ``hpc_ckpt_<N>.ckpt`` that resuming would pick."""
-    final = trainer.strategy.broadcast(trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir))
-    partial = os.path.join(os.path.dirname(final), ".ddp_sigterm-partial.ckpt")
+def _bypass_log_in_handler(signum: int, frame: Any) -> None:
+    """Replaces Lightning's SLURM SIGTERM handler, which only logs, from inside the signal handler."""
+
+
+def _save_stop_checkpoint(trainer: pl.Trainer, coordinator: StopCoordinator, step: int) -> str | None:
+    """Every rank takes part in writing a temporary file; once every rank reports success, rank 0
+    renames it to ``hpc_ckpt_<N>.ckpt``, so that a save cut short never leaves a checkpoint that
+    resuming would pick. A failure on any rank raises :class:`StopError` on every rank. Returns the
+    path on rank 0."""
+    root = trainer.default_root_dir
+    partial = os.path.join(root, ".ddp_sigterm-partial.ckpt")
+    error = None
     try:
-        trainer.save_checkpoint(partial)
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        trainer.strategy.save_checkpoint(checkpoint, partial)
+    except Exception as caught:
+        error = caught
+    _every_rank_succeeded(coordinator, error, f"saving the stop checkpoint of step {step} in {root}", step)
+    final = None
+    try:
         if trainer.is_global_zero:
+            final = trainer._checkpoint_connector.hpc_save_path(root)
             os.replace(partial, final)
-        trainer.strategy.barrier("ddp_sigterm.stop_checkpoint")
-    except Exception as error:
-        raise StopError(f"ddp_sigterm: rank {rank}: saving the stop checkpoint of step {step} to {final} failed: {error}") from error
+    except Exception as caught:
+        error = caught
+    _every_rank_succeeded(coordinator, error, f"naming the stop checkpoint of step {step} in {root}", step)
     return final
+
+
+def _requeue(trainer: pl.Trainer, coordinator: StopCoordinator, step: int) -> str | None:
+    """Global rank 0 runs ``scontrol requeue`` once, after the stop checkpoint; every rank learns the
+    outcome. Returns the job id on rank 0."""
+    error, job = None, None
+    try:
+        if trainer.is_global_zero:
+            job = slurm.requeue()
+    except Exception as caught:
+        error = caught
+    _every_rank_succeeded(coordinator, error, "requeueing the SLURM job", step)
+    return job
+
+
+def _every_rank_succeeded(coordinator: StopCoordinator, error: Exception | None, what: str, step: int) -> None:
+    failed = coordinator.all_succeeded(error is None, what, step)
+    if failed is None:
+        return
+    rank = coordinator.rank
+    if error is not None:
+        raise StopError(f"ddp_sigterm: rank {rank}: every rank stopped at step {step}, but {what} failed: "
+                        f"{type(error).__name__}: {error}") from error
+    raise StopError(f"ddp_sigterm: rank {rank}: every rank stopped at step {step}, but {what} failed on rank "
+                    f"{failed} (its log has the reason)")
 
 
 def callbacks_factory() -> list[Callback]:

@@ -71,6 +71,18 @@ class Settings:
     save_checkpoint: bool = True
     """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit`` (Lightning integration)."""
 
+    stop_deadline: float = 25.0
+    """Seconds from the first stop signal (on a rank that was not signalled: from the agreed stop)
+    within which the process must have exited. Past it the stop is abandoned: the process prints what
+    it was waiting for and exits with code 124 at once, even from inside a collective that waits for a
+    stopped or dead peer. The default stays under the common 30 s grace period (Kubernetes, SLURM's
+    KillWait) that ends in SIGKILL; raise both for saves that take longer. ``inf`` turns it off."""
+
+    destroy_at_exit: bool = True
+    """Destroy the default process group when the process exits (the package's own group is always
+    destroyed). With gloo, a group still alive at interpreter exit sometimes aborts the process
+    ("terminate called without an active exception", exit code -6) after a clean run or stop."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise SettingsError(f"enabled must be a bool, got {self.enabled!r}")
@@ -90,8 +102,12 @@ class Settings:
                 raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
         if not isinstance(self.check_budget, (int, float)) or not 0 < self.check_budget < 1:
             raise SettingsError(f"check_budget must be a fraction between 0 and 1, got {self.check_budget!r}")
-        if not isinstance(self.save_checkpoint, bool):
-            raise SettingsError(f"save_checkpoint must be a bool, got {self.save_checkpoint!r}")
+        for name in ("save_checkpoint", "destroy_at_exit"):
+            if not isinstance(getattr(self, name), bool):
+                raise SettingsError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        deadline = self.stop_deadline
+        if not isinstance(deadline, (int, float)) or math.isnan(deadline) or deadline <= 0:
+            raise SettingsError(f"stop_deadline must be a positive number of seconds or inf, got {deadline!r}")
 
     @property
     def signal_numbers(self) -> tuple[int, ...]:

@@ -1,0 +1,152 @@
+"""The stop deadline: a stop that cannot complete still ends the process, within a bound.
+
+A rank that gets the signal may be blocked inside a collective that waits for a peer which is
+stopped (SIGSTOP, a hung node) or gone. A Python signal handler runs only when that call returns,
+which with a stuck peer is the process-group timeout (30 minutes by default). So the bound is kept by
+a thread of its own, woken through the interpreter's wakeup file descriptor: CPython's C-level
+handler writes the signal number there the moment the signal arrives, whatever the main thread is
+doing. From the first stop signal (or, on a rank that was not signalled, from the agreed stop) the
+process has ``stop_deadline`` seconds to exit. Past it, or at the third stop signal, the thread
+writes what the main thread was waiting for to stderr and ends the process with ``os._exit(124)``:
+no clean-up that could block again; the kernel closes the process's connections, which its peers
+see as an error instead of a silence.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import socket
+import threading
+import time
+from typing import Callable
+
+GAVE_UP_EXIT_CODE = 124
+"""Exit code of a stop abandoned at the deadline or on the third signal (``timeout``'s code)."""
+
+ESCALATION_SIGNALS = 3
+"""The stop signal that ends the process at once: a second one is ignored (schedulers and launchers
+often deliver the same signal twice), the third means "now"."""
+
+_WAKE = b"\0"  # written by this module to make the thread look again; never a signal number
+
+
+class Deadline:
+    """Watches for stop signals from a thread and ends the process if the stop overruns.
+
+    ``who`` names the process in messages ("rank 1 of 2"); ``activity`` is called from the watching thread to name what the main thread is waiting for; it
+    must only read attributes. ``start`` and ``close`` need the main thread (the wakeup fd is
+    per process and set from there).
+    """
+
+    def __init__(self, seconds: float, signals: tuple[int, ...], who: str, activity: Callable[[], str]) -> None:
+        self.seconds = seconds
+        self.signals = frozenset(signals)
+        self._who, self._activity = who, activity
+        self.armed_at: float | None = None
+        self._why = ""
+        self._count = 0
+        self._previous_fd = -1
+        self._reader: socket.socket | None = None
+        self._writer: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        _watching.add(self)
+        self._thread = threading.Thread(target=self._watch, name="ddp_sigterm-deadline", daemon=True)
+        self._thread.start()
+
+    def arm(self, since: float, why: str) -> None:
+        """Start the countdown at ``since`` (``time.monotonic()``) unless a signal already did."""
+        if self.armed_at is None:
+            self.armed_at, self._why = since, why
+            self._wake()
+
+    def close(self) -> None:
+        """Stop watching for signals and give the wakeup fd back. An armed countdown keeps running:
+        after a stop the process is on its way out, and the bound holds until it is gone."""
+        if self._thread is None or self._writer is None:
+            return
+        _watching.discard(self)
+        if threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_fd)
+        if self.armed_at is None:
+            self._closing = True
+            self._wake()
+            self._writer.close()
+            self._writer = None
+        self._thread = None
+
+    # -- the watching thread -------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.send(_WAKE)
+            except BlockingIOError:  # the buffer is full of unread wake-ups: the thread will look anyway
+                pass
+
+    def _watch(self) -> None:
+        assert self._reader is not None
+        while not self._closing:
+            timeout = None
+            if self.armed_at is not None:
+                if math.isinf(self.seconds):
+                    timeout = None
+                else:
+                    timeout = self.armed_at + self.seconds - time.monotonic()
+                    if timeout <= 0:
+                        self._give_up(f"the stop did not complete within stop_deadline={self.seconds:g} s "
+                                      f"of {self._why}")
+            readable, _, _ = select.select([self._reader], [], [], timeout)
+            if readable:
+                self._received(self._reader.recv(256))
+        self._reader.close()
+
+    def _received(self, data: bytes) -> None:
+        for signum in data:
+            if self._previous_fd >= 0 and signum:  # someone else (asyncio) also watches signals
+                try:
+                    os.write(self._previous_fd, bytes([signum]))
+                except OSError:
+                    pass
+            if signum not in self.signals:
+                continue
+            self._count += 1
+            name = signal.Signals(signum).name
+            self.arm(time.monotonic(), f"the first {name}")
+            if self._count >= ESCALATION_SIGNALS:
+                self._give_up(f"{name} received {self._count} times")
+
+    def _give_up(self, why: str) -> None:
+        message = (f"ddp_sigterm: {self._who}: {why}; it was waiting for {self._activity()}. "
+                   f"Giving up on the stop: exiting now with code {GAVE_UP_EXIT_CODE}, without the stop checkpoint "
+                   f"of this stop (resume from the last complete one).\n")
+        try:
+            os.write(2, message.encode())
+        finally:
+            os._exit(GAVE_UP_EXIT_CODE)
+
+
+# Deadlines watching in this process: a forked child must not write into their descriptors.
+_watching: set[Deadline] = set()
+
+
+def _forget_in_forked_child() -> None:
+    if _watching:
+        signal.set_wakeup_fd(-1)
+        for deadline in _watching:
+            for end in (deadline._reader, deadline._writer):
+                if end is not None:
+                    end.close()
+        _watching.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_forked_child)
