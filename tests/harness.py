@@ -36,15 +36,17 @@ def free_port() -> int:
 
 @dataclasses.dataclass
 class OutsideSignal:
-    """Send ``signum`` from outside once rank ``rank`` has started training batch ``batch``.
-    ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as SLURM does)
-    or ``"rank:R"`` (the process of rank R only; independent mode)."""
+    """Send ``signum`` from outside ``delay`` seconds after rank ``rank`` has started training batch
+    ``batch``. ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as SLURM
+    does) or ``"rank:R"`` (the process of rank R only; independent and slurm modes)."""
 
     rank: int
     batch: int
     targets: str = "all"
     signum: int = signal.SIGTERM
+    delay: float = 0.0
     sent_at: float | None = None
+    reached_at: float | None = None
 
 
 @dataclasses.dataclass
@@ -57,7 +59,7 @@ class JobResult:
     outcomes: dict[int, dict]  # rank -> outcome.rank<R>.json
     logs: dict[str, Path]
     elapsed: float
-    outside: OutsideSignal | None = None
+    outside: list[OutsideSignal] = dataclasses.field(default_factory=list)
     exited_at: dict[str, float] = dataclasses.field(default_factory=dict)  # label -> time.monotonic() seen exited
 
     def describe(self) -> str:
@@ -84,14 +86,19 @@ def run_job(
     world_size: int = 2,
     scenario: dict[str, str] | None = None,
     timeout: float = 120.0,
-    outside: OutsideSignal | None = None,
+    outside: OutsideSignal | list[OutsideSignal] | None = None,
     env: dict[str, str] | None = None,
     python: str | None = None,
     script: Path = SCRIPT,
     poll: float = 0.05,
+    until_exited: set[str] | None = None,
+    slurm: dict[str, str] | None = None,
 ) -> JobResult:
     """Run one job to completion or to ``timeout`` seconds; never leaves a process behind.
-    ``poll`` is how often the processes are looked at (and so the resolution of ``exited_at``)."""
+    ``poll`` is how often the processes are looked at (and so the resolution of ``exited_at``).
+    ``until_exited``: labels whose exit ends the job (the others, e.g. a stopped rank, are killed).
+    ``slurm``: extra SLURM variables for the ``slurm`` mode (job id, array ids)."""
+    signals = [] if outside is None else [outside] if isinstance(outside, OutsideSignal) else list(outside)
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")):
         stale.unlink()
@@ -109,7 +116,15 @@ def run_job(
     for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         base.pop(var, None)
     commands: dict[str, tuple[list[str], dict[str, str]]] = {}
-    if mode == "independent":
+    if mode == "slurm":  # as srun starts a job step: one task per rank, SLURM_* variables describe it
+        for rank in range(world_size):
+            commands[f"rank{rank}"] = ([python, str(script)], {
+                **base, "MASTER_PORT": port, "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train",
+                "SLURM_NTASKS": str(world_size), "SLURM_NNODES": str(world_size), "SLURM_NTASKS_PER_NODE": "1",
+                "SLURM_NODELIST": "127.0.0.1", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+                "SLURM_NODEID": str(rank), "SCENARIO_NUM_NODES": str(world_size), "SCENARIO_DEVICES": "1",
+                **(slurm or {})})
+    elif mode == "independent":
         for rank in range(world_size):
             commands[f"rank{rank}"] = ([python, str(script)], {
                 **base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
@@ -141,18 +156,23 @@ def run_job(
                                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=out)
         deadline = started + timeout
         next_scan = 0.0
-        while any(p.poll() is None for p in procs.values()):
+        while [p.poll() for p in procs.values()].count(None):  # poll every process, every time
             for label, proc in procs.items():
                 if label not in exited_at and proc.returncode is not None:
                     exited_at[label] = time.monotonic()
+            if until_exited and until_exited <= set(exited_at):
+                break
             if time.monotonic() > next_scan:
                 groups |= _job_groups(procs)
                 next_scan = time.monotonic() + 0.5
             if time.monotonic() > deadline:
                 timed_out = True
                 break
-            if outside is not None and outside.sent_at is None and _reached(out, outside.rank, outside.batch):
-                _send(outside, procs, mode)
+            for sig in signals:
+                if sig.reached_at is None and _reached(out, sig.rank, sig.batch):
+                    sig.reached_at = time.monotonic()
+                if sig.sent_at is None and sig.reached_at is not None and time.monotonic() >= sig.reached_at + sig.delay:
+                    _send(sig, procs, mode)
             time.sleep(poll)
         for label, proc in procs.items():
             if proc.returncode is not None:
@@ -173,9 +193,10 @@ def run_job(
     for path in out.glob("outcome.rank*.json"):
         data = json.loads(path.read_text())
         outcomes[data["rank"]] = data
-    returncodes = {label: (None if timed_out and _killed(p) else p.returncode) for label, p in procs.items()}
+    returncodes = {label: (None if label not in exited_at and _killed(p) else p.returncode)
+                   for label, p in procs.items()}
     return JobResult(mode, world_size, out, timed_out, returncodes, outcomes, logs,
-                     time.monotonic() - started, outside, exited_at)
+                     time.monotonic() - started, signals, exited_at)
 
 
 def _reached(out: Path, rank: int, batch: int) -> bool:
@@ -191,8 +212,8 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
             for pid in _tree(proc.pid):
                 _signal_pid(pid, outside.signum)
     elif outside.targets.startswith("rank:"):
-        if mode != "independent":
-            raise ValueError("targets='rank:R' needs the independent launch mode")
+        if mode not in ("independent", "slurm"):
+            raise ValueError("targets='rank:R' needs one process per rank (independent or slurm mode)")
         _signal_pid(procs[f"rank{outside.targets.split(':')[1]}"].pid, outside.signum)
     else:
         raise ValueError(f"unknown targets {outside.targets!r}")

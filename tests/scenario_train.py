@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -32,10 +33,16 @@ VAL_SLEEP = float(ENV.get("SCENARIO_VAL_SLEEP", str(STEP_SLEEP)))  # per evaluat
 # One more evaluation/prediction sample and no batch limits there: prediction shards its data without
 # padding, so rank 0 then predicts one batch more than the others.
 UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
-# "rank:batch:phase[:SIGNAL]" entries separated by ";". Batch counts from 1 within the run.
+# "rank:batch:phase[:SIGNAL]" entries separated by ";", each sent once. Batch counts from 1 within the
+# run; "*" is any batch.
 INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
-# "validation" also means the test and predict batches of trainer.test / trainer.predict
-PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "epoch_end", "train_end"}
+# "validation" also means the test and predict batches of trainer.test / trainer.predict; "save" is
+# while a checkpoint is being saved (the stop checkpoint, in these scenarios).
+PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "epoch_end", "train_end", "save"}
+# Where checkpoints go (default: SCENARIO_OUT). With SCENARIO_LOCK_ROOT=1 the first injection makes it
+# non-writable first, even for root (chattr +i), as a full or read-only file system would be.
+ROOT = ENV.get("SCENARIO_ROOT_DIR", OUT)
+LOCK_ROOT = ENV.get("SCENARIO_LOCK_ROOT") == "1"
 for entry in INJECT:
     assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
 
@@ -76,6 +83,9 @@ class Model(pl.LightningModule):
     def test_step(self, batch, batch_idx):
         self.validation_step(batch, batch_idx)
 
+    def on_save_checkpoint(self, checkpoint) -> None:
+        injector.at("save")
+
     def predict_step(self, batch, batch_idx):
         injector.at("validation", batch_idx + 1)
         time.sleep(VAL_SLEEP)
@@ -111,6 +121,7 @@ class Injector(Callback):
         self.batch = 0
         self.injected_at: float | None = None
         self.progress = None
+        self.sent: set[int] = set()  # indices of INJECT entries already sent
 
     def setup(self, trainer, pl_module, stage):
         self.rank = trainer.global_rank
@@ -137,10 +148,23 @@ class Injector(Callback):
 
     def at(self, phase: str, batch: int | None = None) -> None:
         batch = self.batch if batch is None else batch
-        for rank, at_batch, at_phase, *name in INJECT:
-            if int(rank) == self.rank and int(at_batch) == batch and at_phase == phase and self.injected_at is None:
+        for index, (rank, at_batch, at_phase, *name) in enumerate(INJECT):
+            if index in self.sent or int(rank) != self.rank or at_phase != phase:
+                continue
+            if at_batch != "*" and int(at_batch) != batch:
+                continue
+            self.sent.add(index)
+            if self.injected_at is None:
+                if LOCK_ROOT:
+                    lock(ROOT)
                 self.injected_at = time.monotonic()
-                os.kill(os.getpid(), signal.Signals[name[0] if name else "SIGTERM"])
+            os.kill(os.getpid(), signal.Signals[name[0] if name else "SIGTERM"])
+
+
+def lock(path: str) -> None:
+    os.chmod(path, 0o555)
+    if os.geteuid() == 0:  # root writes anywhere a mode allows nothing; an immutable directory stops it
+        subprocess.run(["chattr", "+i", path], check=True)
 
 
 injector = Injector()
@@ -168,7 +192,7 @@ def main() -> None:
         limit_predict_batches=None if UNEVEN else VAL_BATCHES,
         val_check_interval=int(ENV.get("SCENARIO_VAL_EVERY", str(BATCHES))),
         num_sanity_val_steps=0,
-        default_root_dir=OUT,
+        default_root_dir=ROOT,
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
@@ -205,6 +229,7 @@ def main() -> None:
             weights=weights_digest(model),
             callbacks=[type(cb).__name__ for cb in trainer.callbacks],
             lightning=pl.__version__,
+            environment=type(trainer._accelerator_connector.cluster_environment).__name__,
         )
         with open(os.path.join(OUT, f"outcome.rank{trainer.global_rank}.json"), "w") as f:
             json.dump(outcome, f)

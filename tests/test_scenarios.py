@@ -61,7 +61,7 @@ def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, chec
         decisions = {(o["stop"]["signum"], o["stop"]["boundary"] if same_boundary else None)
                      for o in result.outcomes.values()}
         assert len(decisions) == 1, f"ranks disagree on the decision\n{why}"
-    if result.mode in ("independent", "single"):
+    if result.mode in ("independent", "slurm", "single"):
         assert set(result.returncodes.values()) == {exit_code}, f"process exit codes\n{why}"
     elif result.mode == "lightning":
         assert result.returncodes["launcher"] == exit_code, f"launcher exit code\n{why}"

@@ -209,6 +209,8 @@ def _save_stop_checkpoint(trainer: pl.Trainer, coordinator: StopCoordinator, ste
     try:
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         trainer.strategy.save_checkpoint(checkpoint, partial)
+        if trainer.is_global_zero and not os.path.exists(partial):
+            _raise_why_not_written(root, partial)
     except Exception as caught:
         error = caught
     _every_rank_succeeded(coordinator, error, f"saving the stop checkpoint of step {step} in {root}", step)
@@ -221,6 +223,16 @@ def _save_stop_checkpoint(trainer: pl.Trainer, coordinator: StopCoordinator, ste
         error = caught
     _every_rank_succeeded(coordinator, error, f"naming the stop checkpoint of step {step} in {root}", step)
     return final
+
+
+def _raise_why_not_written(root: str, partial: str) -> None:
+    """Lightning (2.6.6) returns from a save that a PermissionError stopped as if it had succeeded;
+    find the reason by trying to create a file where the checkpoint should be."""
+    probe = os.path.join(root, ".ddp_sigterm-probe")
+    with open(probe, "wb"):  # raises the file system's reason, e.g. PermissionError
+        pass
+    os.remove(probe)
+    raise OSError(f"{partial} is missing after a save that reported no error")
 
 
 def _requeue(trainer: pl.Trainer, coordinator: StopCoordinator, step: int) -> str | None:
