@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from ddp_sigterm import Settings, SettingsError, StopCoordinator
+from ddp_sigterm import slurm
 from ddp_sigterm.cadence import Cadence
+from ddp_sigterm.deadline import GAVE_UP_EXIT_CODE
 from ddp_sigterm.signals import SignalRecorder
 
 
@@ -23,6 +29,8 @@ def test_settings_defaults_and_environment_precedence() -> None:
     assert env.max_delay == 2.5  # the environment overrides the code
     assert env.signals == ("SIGTERM", "SIGUSR2")
     assert Settings.resolve(environ={"DDP_SIGTERM": "0"}).enabled is False
+    assert Settings().stop_deadline == 25.0 and Settings().destroy_at_exit is True
+    assert Settings.resolve(environ={"DDP_SIGTERM_STOP_DEADLINE": "inf"}).stop_deadline == math.inf
 
 
 @pytest.mark.parametrize(
@@ -35,6 +43,9 @@ def test_settings_defaults_and_environment_precedence() -> None:
         ({"DDP_SIGTERM_SIGNALS": "SIGKILL"}, "cannot include SIGKILL"),
         ({"DDP_SIGTERM": "maybe"}, "DDP_SIGTERM='maybe': expected one of"),
         ({"DDP_SIGTERM_MAXDELAY": "1"}, "Unknown environment variable(s) DDP_SIGTERM_MAXDELAY"),
+        ({"DDP_SIGTERM_STOP_DEADLINE": "0"}, "stop_deadline must be a positive number of seconds or inf"),
+        ({"DDP_SIGTERM_STOP_DEADLINE": "nan"}, "stop_deadline must be a positive number of seconds or inf"),
+        ({"DDP_SIGTERM_DESTROY_AT_EXIT": "sometimes"}, "DDP_SIGTERM_DESTROY_AT_EXIT='sometimes': expected one of"),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(environ: dict[str, str], message: str) -> None:
@@ -127,7 +138,8 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
 
 # -- the coordinator without a process group ------------------------------------------------------
 def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
-    coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))
+    # no deadline: it would end this (pytest) process once the stop has been decided
+    coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",), stop_deadline=math.inf))
     coordinator.start()
     try:
         assert [coordinator.should_stop(step) for step in range(3)] == [False, False, False]
@@ -138,3 +150,82 @@ def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
     finally:
         coordinator.close()
         coordinator.close()
+
+
+# -- the stop deadline, in a process of its own (it ends the process) ------------------------------
+# The main thread blocks in os.read, as it would in a collective waiting for a stuck peer; the
+# recording handler runs (PEP 475 retries the read), the stop is never decided.
+_BLOCKED = """
+import os, sys
+from ddp_sigterm import Settings, StopCoordinator
+stop = StopCoordinator(Settings.resolve(stop_deadline=float(sys.argv[1])))
+stop.start()
+stop.activity = "a peer that never answers"
+print("ready", flush=True)
+os.read(os.pipe()[0], 1)
+"""
+
+
+def _blocked_child(deadline: float) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", _BLOCKED, str(deadline)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert child.stdout.readline() == "ready\n"
+    return child
+
+
+@pytest.mark.parametrize("signals", [1, 3], ids=["deadline", "third-signal"])
+def test_deadline_ends_a_blocked_process_with_the_reason(signals: int) -> None:
+    child = _blocked_child(deadline=2.0)
+    try:
+        sent = time.monotonic()
+        for _ in range(signals):
+            os.kill(child.pid, signal.SIGTERM)
+            time.sleep(0.05)
+        _, err = child.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == GAVE_UP_EXIT_CODE, err
+    assert "ddp_sigterm: rank 0 of 1: " in err and "it was waiting for a peer that never answers" in err, err
+    if signals == 1:
+        assert "did not complete within stop_deadline=2 s of the first SIGTERM" in err
+        assert 1.9 < took < 30, took
+    else:
+        assert "SIGTERM received 3 times" in err
+        assert took < 1.9, took  # at once, not at the deadline
+
+
+# -- SLURM ------------------------------------------------------------------------------------------
+def test_slurm_job_ids() -> None:
+    assert slurm.job_id({"SLURM_JOB_ID": "77"}) == "77"
+    assert slurm.job_id({"SLURM_JOB_ID": "80", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "3"}) == "77_3"
+    with pytest.raises(slurm.RequeueError, match="SLURM_JOB_ID is not set"):
+        slurm.job_id({})
+    with pytest.raises(slurm.RequeueError, match="'77; rm' is not a SLURM job id"):
+        slurm.job_id({"SLURM_JOB_ID": "77; rm"})
+
+
+def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> None:
+    """multiprocessing ends daemonic children at exit with SIGTERM, then joins them; DataLoader workers
+    that block SIGTERM must still end (found by the soak: a stop during validation, persistent workers)."""
+    script = (
+        "import signal, torch\n"
+        "from ddp_sigterm.signals import SignalRecorder\n"
+        "SignalRecorder((signal.SIGTERM,)).install()\n"
+        "loader = torch.utils.data.DataLoader(list(range(64)), num_workers=2, persistent_workers=True,\n"
+        "                                     multiprocessing_context='fork')\n"
+        "batches = iter(loader)\n"
+        "next(batches)  # the workers are alive, and stay so until the interpreter exits\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        out = "<still running after 60 s: the exit waits for workers that never end>"
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 0, out

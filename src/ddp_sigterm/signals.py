@@ -9,11 +9,16 @@ Forked DataLoader workers inherit the handler but must not act on it, and must n
 signal meant for the job (SLURM signals every process of the job step): while a recorder is active,
 a worker forked by a DataLoader blocks the recorded signals. A blocked signal stays pending in the
 worker, which still ends normally when its loader shuts it down. Other forked children (a user's
-own processes) keep the signals unblocked, as they would without the package.
+own processes) keep the signals unblocked, as they would without the package. At interpreter exit,
+multiprocessing ends the workers still alive with SIGTERM and then waits for them; for workers that
+block it, the package ends them with SIGKILL first, as their loader would have.
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import multiprocessing.util  # registers its exit function first, so that ours runs before it
 import os
 import signal
 import sys
@@ -28,6 +33,7 @@ Handler = Callable[[int, "FrameType | None"], Any] | int | None
 
 # Signals recorded by any active recorder of this process; read by the at-fork hook.
 _active_signals: set[int] = set()
+_workers_may_block = False  # a DataLoader may have forked workers that block _active_signals
 
 
 def _block_in_forked_child() -> None:
@@ -47,7 +53,30 @@ def _forked_by_dataloader() -> bool:
     return False
 
 
+def _end_blocking_workers() -> None:
+    """multiprocessing's exit function sends SIGTERM to daemonic children and joins them: a worker
+    that blocks SIGTERM would keep this process from exiting. (Linux: the mask is read from /proc.)"""
+    if not _workers_may_block:
+        return
+    for child in multiprocessing.active_children():
+        if child.daemon and child.pid is not None and signal.SIGTERM in _blocked_signals(child.pid):
+            child.kill()
+
+
+def _blocked_signals(pid: int) -> set[int]:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigBlk:"):
+                    mask = int(line.split()[1], 16)
+                    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
+    except OSError:  # gone already, or no /proc
+        pass
+    return set()
+
+
 os.register_at_fork(after_in_child=_block_in_forked_child)
+atexit.register(_end_blocking_workers)
 
 
 class SignalRecorder:
@@ -84,7 +113,9 @@ class SignalRecorder:
     # -- lifecycle -----------------------------------------------------------------------------
     def activate(self) -> None:
         """Mark the signals as recorded by this process, so that forked children block them."""
+        global _workers_may_block
         _active_signals.update(self.signals)
+        _workers_may_block = True
 
     def install(self, signals: tuple[int, ...] | None = None) -> None:
         """Register the recording handler for ``signals`` (default: all of this recorder's),

@@ -1,0 +1,175 @@
+"""Randomized fault soak: N real jobs, each stopped by a random fault, then resumed.
+
+Each run draws: 2 or 3 ranks; a launch mode (independent, Lightning's launcher, torchrun, SLURM's
+variables); who is signalled (one rank, some ranks at different batches and phases, or every process
+of the job from outside, DataLoader workers included); the batch; the phase (batch start, forward,
+backward, optimizer step, validation, or a second signal while the stop checkpoint is being saved).
+Every run must end with every rank at the same stop step, the right exit code and one checkpoint
+that holds that step; the resumed run must then finish exactly the remaining steps, exit 0.
+
+    python tests/soak.py N [--seed S] [--record docs/reliability.md]
+
+Exits non-zero if any run failed; each failure's description (outcomes, log tails) is printed and
+kept under build/soak/. The draws of run i depend only on (seed, i), so a failure can be replayed
+with ``--only i``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import OutsideSignal, run_job  # noqa: E402
+from test_scenarios import MUST_FINISH, assert_finished, assert_unison_stop  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_STEPS = 24
+VAL_EVERY = 6  # validation after every 6th training batch: phases in validation come up early
+PHASES = ("batch_start", "forward", "backward", "optimizer", "validation", "save")
+MODES = ("independent", "lightning", "torchrun", "slurm")
+
+
+@dataclasses.dataclass
+class Draw:
+    run: int
+    mode: str
+    world_size: int
+    who: str  # "one", "some", "all"
+    inject: str  # SCENARIO_INJECT
+    outside: tuple[int, int] | None  # (rank whose progress triggers it, batch) for "all"
+    workers: int
+
+    def describe(self) -> str:
+        where = f"outside at rank {self.outside[0]} batch {self.outside[1]}" if self.outside else self.inject
+        return (f"run {self.run}: {self.mode}, {self.world_size} ranks, {self.workers} workers, "
+                f"signalled {self.who}: {where}")
+
+
+def draw(seed: int, run: int) -> Draw:
+    rng = random.Random(f"{seed}:{run}")
+    mode = rng.choice(MODES)
+    world_size = rng.choice((2, 3))
+    who = rng.choice(("one", "some", "all"))
+    workers = rng.choice((0, 0, 2)) if who != "all" else rng.choice((0, 2))
+    entries: list[str] = []
+    outside = None
+    if who == "all":
+        outside = (rng.randrange(world_size), rng.randint(1, 10))
+        if rng.random() < 0.3:  # and a second signal to one rank while the checkpoint is saved
+            entries.append(f"{rng.randrange(world_size)}:*:save")
+    else:
+        ranks = [rng.randrange(world_size)] if who == "one" else rng.sample(range(world_size), 2)
+        for rank in ranks:
+            entries.extend(_entries(rng, rank))
+    return Draw(run, mode, world_size, who, ";".join(entries), outside, workers)
+
+
+def _entries(rng: random.Random, rank: int) -> list[str]:
+    phase = rng.choice(PHASES)
+    if phase == "validation":  # batch = the validation batch, in the first validation round
+        return [f"{rank}:{rng.randint(1, 4)}:validation"]
+    if phase == "save":  # the first signal somewhere, a second one during the stop checkpoint's save
+        return [f"{rank}:{rng.randint(1, 10)}:forward", f"{rank}:*:save"]
+    return [f"{rank}:{rng.randint(1, 10)}:{phase}"]
+
+
+def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
+    scenario = {"SCENARIO_MAX_STEPS": str(MAX_STEPS), "SCENARIO_BATCHES": str(MAX_STEPS),
+                "SCENARIO_VAL_EVERY": str(VAL_EVERY), "SCENARIO_NUM_WORKERS": str(d.workers)}
+    outside = OutsideSignal(rank=d.outside[0], batch=d.outside[1], targets="all") if d.outside else None
+    stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside,
+                      scenario={**scenario, "SCENARIO_INJECT": d.inject})
+    facts: dict = {"returncodes": stopped.returncodes, "elapsed": round(stopped.elapsed, 1)}
+    try:
+        step = assert_unison_stop(stopped)
+        facts["step"] = step
+        resumed = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH,
+                          scenario={**scenario, "SCENARIO_RESUME": "1"})
+        assert_finished(resumed, steps=MAX_STEPS)
+        started = {o["batches_started"] for o in resumed.outcomes.values()}
+        # a stop inside a validation round resumes at the next training batch: same count
+        assert started == {MAX_STEPS - step}, f"resumed run started {started} batches\n{resumed.describe()}"
+        facts["elapsed"] += round(resumed.elapsed, 1)
+    except AssertionError as failure:
+        return False, str(failure), facts
+    return True, "", facts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("n", type=int)
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--only", type=int, help="replay run ONLY of --seed")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "soak")
+    parser.add_argument("--record", type=Path, help="write the summary page (docs/reliability.md)")
+    args = parser.parse_args()
+    shutil.rmtree(args.out, ignore_errors=True)
+    args.out.mkdir(parents=True)
+    runs = [args.only] if args.only is not None else range(args.n)
+    started, failures, rows = time.monotonic(), [], []
+    for run in runs:
+        d = draw(args.seed, run)
+        ok, why, facts = run_one(d, args.out / f"run{run}")
+        rows.append({**dataclasses.asdict(d), "ok": ok, **facts})
+        print(f"{'ok  ' if ok else 'FAIL'} {d.describe()} -> step {facts.get('step')}, "
+              f"{facts['returncodes']}, {facts['elapsed']} s", flush=True)
+        if ok:
+            shutil.rmtree(args.out / f"run{run}", ignore_errors=True)
+        else:
+            failures.append(run)
+            print(why, flush=True)
+    minutes = (time.monotonic() - started) / 60
+    (args.out / "results.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    print(f"soak: {len(rows)} runs, {len(failures)} failed {failures}, seed {args.seed}, {minutes:.1f} min")
+    if args.record:
+        args.record.write_text(_page(rows, failures, args.seed, minutes))
+    return 1 if failures else 0
+
+
+def _page(rows: list[dict], failures: list[int], seed: int, minutes: float) -> str:
+    def count(key: str) -> str:
+        values: dict = {}
+        for row in rows:
+            values[row[key]] = values.get(row[key], 0) + 1
+        return ", ".join(f"{k}: {v}" for k, v in sorted(values.items(), key=str))
+
+    phases: dict[str, int] = {}
+    for row in rows:
+        for phase in PHASES:
+            if f":{phase}" in row["inject"]:
+                phases[phase] = phases.get(phase, 0) + 1
+    return f"""# Reliability: the randomized fault soak
+
+`make soak N={len(rows)}` (`tests/soak.py`), last recorded run: **{len(rows)} runs, {len(failures)} failed**,
+seed {seed}, {minutes:.0f} minutes on the 2-core CI machine. CI runs `make soak N=10` with a new seed
+each time.
+
+Each run is a real job (gloo on CPU) stopped by a random fault and then resumed. It passes when every
+rank raised `SIGTERMException` at the same step with exit code 143 (the launcher's, for Lightning's
+launcher; torchrun reports a failure), one `hpc_ckpt_<N>.ckpt` holds that step, and the resumed run
+trains exactly the remaining steps and exits 0.
+
+| drawn | runs |
+|---|---|
+| launch mode | {count("mode")} |
+| ranks | {count("world_size")} |
+| signalled | {count("who")} ("all": every process from outside, DataLoader workers included) |
+| DataLoader workers | {count("workers")} |
+| phase of an injected signal | {", ".join(f"{k}: {v}" for k, v in sorted(phases.items()))} ("save": a second signal while the stop checkpoint is written) |
+
+Failures: {", ".join(f"run {r}" for r in failures) if failures else "none"}.
+
+Replay one run: `python tests/soak.py 1 --seed {seed} --only <run>`.
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
