@@ -42,6 +42,8 @@ PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "epoc
 # Where checkpoints go (default: SCENARIO_OUT). With SCENARIO_LOCK_ROOT=1 the first injection makes it
 # non-writable first, even for root (chattr +i), as a full or read-only file system would be.
 ROOT = ENV.get("SCENARIO_ROOT_DIR", OUT)
+# Seconds between two signals this process sends itself in one hook (a save's "second" and "third").
+SIGNAL_GAP = float(ENV.get("SCENARIO_SIGNAL_GAP", "0"))
 LOCK_ROOT = ENV.get("SCENARIO_LOCK_ROOT") == "1"
 for entry in INJECT:
     assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
@@ -122,6 +124,7 @@ class Injector(Callback):
         self.injected_at: float | None = None
         self.progress = None
         self.sent: set[int] = set()  # indices of INJECT entries already sent
+        self.last_sent = 0.0
 
     def setup(self, trainer, pl_module, stage):
         self.rank = trainer.global_rank
@@ -153,7 +156,10 @@ class Injector(Callback):
                 continue
             if at_batch != "*" and int(at_batch) != batch:
                 continue
+            if SIGNAL_GAP and self.sent:  # a separate request, not a repeat of the previous one
+                time.sleep(max(0.0, self.last_sent + SIGNAL_GAP - time.monotonic()))
             self.sent.add(index)
+            self.last_sent = time.monotonic()
             if self.injected_at is None:
                 if LOCK_ROOT:
                     lock(ROOT)

@@ -48,7 +48,8 @@ class Draw:
     workers: int
 
     def describe(self) -> str:
-        where = f"outside at rank {self.outside[0]} batch {self.outside[1]}" if self.outside else self.inject
+        where = ";".join(filter(None, [f"outside at rank {self.outside[0]} batch {self.outside[1]}"
+                                       if self.outside else "", self.inject]))
         return (f"run {self.run}: {self.mode}, {self.world_size} ranks, {self.workers} workers, "
                 f"signalled {self.who}: {where}")
 

@@ -6,7 +6,8 @@ which with a stuck peer is the process-group timeout (30 minutes by default). So
 a thread of its own, woken through the interpreter's wakeup file descriptor: CPython's C-level
 handler writes the signal number there the moment the signal arrives, whatever the main thread is
 doing. From the first stop signal (or, on a rank that was not signalled, from the agreed stop) the
-process has ``stop_deadline`` seconds to exit. Past it, or at the third stop signal, the thread
+process has ``stop_deadline`` seconds to exit. Past it, or at the third stop request (signals
+less than a second apart count as one), the thread
 writes what the main thread was waiting for to stderr and ends the process with ``os._exit(124)``:
 no clean-up that could block again; the kernel closes the process's connections, which its peers
 see as an error instead of a silence.
@@ -26,9 +27,13 @@ from typing import Callable
 GAVE_UP_EXIT_CODE = 124
 """Exit code of a stop abandoned at the deadline or on the third signal (``timeout``'s code)."""
 
-ESCALATION_SIGNALS = 3
-"""The stop signal that ends the process at once: a second one is ignored (schedulers and launchers
-often deliver the same signal twice), the third means "now"."""
+ESCALATION_REQUESTS = 3
+"""The stop request that ends the process at once: a second one is ignored, the third means "now"."""
+
+SAME_REQUEST_SECONDS = 1.0
+"""Stop signals less than this apart count as one request: a scheduler and a launcher often deliver
+the same request twice within milliseconds (SLURM signals every process; torchrun forwards to its
+workers)."""
 
 _WAKE = b"\0"  # written by this module to make the thread look again; never a signal number
 
@@ -47,7 +52,8 @@ class Deadline:
         self._who, self._activity = who, activity
         self.armed_at: float | None = None
         self._why = ""
-        self._count = 0
+        self._requests = 0
+        self._last_signal = -math.inf
         self._previous_fd = -1
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
@@ -119,11 +125,14 @@ class Deadline:
                     pass
             if signum not in self.signals:
                 continue
-            self._count += 1
+            now = time.monotonic()
+            if now - self._last_signal >= SAME_REQUEST_SECONDS:
+                self._requests += 1
+            self._last_signal = now
             name = signal.Signals(signum).name
-            self.arm(time.monotonic(), f"the first {name}")
-            if self._count >= ESCALATION_SIGNALS:
-                self._give_up(f"{name} received {self._count} times")
+            self.arm(now, f"the first {name}")
+            if self._requests >= ESCALATION_REQUESTS:
+                self._give_up(f"{name} received a third time (at least {SAME_REQUEST_SECONDS:g} s apart)")
 
     def _give_up(self, why: str) -> None:
         message = (f"ddp_sigterm: {self._who}: {why}; it was waiting for {self._activity()}. "
