@@ -209,6 +209,14 @@ def test_signal_during_validation_inside_fit_then_resume(tmp_path: Path) -> None
 
 
 @patched
+def test_stop_during_validation_with_persistent_workers_exits(tmp_path: Path) -> None:
+    """Found by the soak: stopped inside validation, the persistent workers are still alive at exit,
+    where multiprocessing ends them with SIGTERM and waits; workers that block SIGTERM must still end."""
+    result = fit(tmp_path, inject="1:2:validation", SCENARIO_VAL_EVERY="4", SCENARIO_NUM_WORKERS="2")
+    assert_stopped_after(assert_unison_stop(result), 4)
+
+
+@patched
 @pytest.mark.parametrize("stage", ["validate", "test", "predict"])
 def test_signal_during_evaluation_stages(tmp_path: Path, stage: str) -> None:
     result = fit(tmp_path, inject="1:2:validation", SCENARIO_STAGE=stage)
