@@ -16,7 +16,7 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 PYTEST_LIGHTNING_TEST := $(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider \
 	build/lightning-2.6.6/tests/tests_pytorch/trainer/connectors/test_sigterm_ddp.py
 
-.PHONY: test test-unit test-lightning-2.5.1 patched-lightning test-patched bench demo clean
+.PHONY: test test-unit test-lightning-2.5.1 patched-lightning test-patched soak bench demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV)
@@ -62,6 +62,12 @@ test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
 test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	$(PYTEST_PATCHED)
 	$(PYTEST_LIGHTNING_TEST)
+
+# Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tests/soak.py).
+# SEED=S replays a soak; RECORD=docs/reliability.md writes its summary there.
+N ?= 10
+soak: $(VENV)/.installed
+	$(VENV)/bin/python tests/soak.py $(N) $(if $(SEED),--seed $(SEED)) $(if $(RECORD),--record $(RECORD))
 
 # Benchmarks (not a test: minutes of measurement). Writes docs/benchmarks.md and its plot.
 $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt

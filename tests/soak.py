@@ -4,8 +4,10 @@ Each run draws: 2 or 3 ranks; a launch mode (independent, Lightning's launcher, 
 variables); who is signalled (one rank, some ranks at different batches and phases, or every process
 of the job from outside, DataLoader workers included); the batch; the phase (batch start, forward,
 backward, optimizer step, validation, or a second signal while the stop checkpoint is being saved).
-Every run must end with every rank at the same stop step, the right exit code and one checkpoint
-that holds that step; the resumed run must then finish exactly the remaining steps, exit 0.
+Under SLURM the signal is SIGTERM or the requeue signal, SIGUSR1 (a stub ``scontrol`` records the
+requeue). Every run must end with every rank at the same stop step, the right exit code and one
+checkpoint that holds that step (and, for SIGUSR1, exactly one requeue); the resumed run must then
+finish exactly the remaining steps, exit 0.
 
     python tests/soak.py N [--seed S] [--record docs/reliability.md]
 
@@ -19,22 +21,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import OutsideSignal, run_job  # noqa: E402
-from test_scenarios import MUST_FINISH, assert_finished, assert_unison_stop  # noqa: E402
+from harness import OutsideSignal, run_job
+from test_scenarios import MUST_FINISH, assert_finished, assert_unison_stop
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 24
 VAL_EVERY = 6  # validation after every 6th training batch: phases in validation come up early
 PHASES = ("batch_start", "forward", "backward", "optimizer", "validation", "save")
 MODES = ("independent", "lightning", "torchrun", "slurm")
+SECTION = ("<!-- soak: written by tests/soak.py --record -->", "<!-- /soak -->")
 
 
 @dataclasses.dataclass
@@ -46,12 +51,13 @@ class Draw:
     inject: str  # SCENARIO_INJECT
     outside: tuple[int, int] | None  # (rank whose progress triggers it, batch) for "all"
     workers: int
+    signal: str = "SIGTERM"  # under SLURM, sometimes its requeue signal
 
     def describe(self) -> str:
         where = ";".join(filter(None, [f"outside at rank {self.outside[0]} batch {self.outside[1]}"
                                        if self.outside else "", self.inject]))
         return (f"run {self.run}: {self.mode}, {self.world_size} ranks, {self.workers} workers, "
-                f"signalled {self.who}: {where}")
+                f"{self.signal} to {self.who}: {where}")
 
 
 def draw(seed: int, run: int) -> Draw:
@@ -70,7 +76,9 @@ def draw(seed: int, run: int) -> Draw:
         ranks = [rng.randrange(world_size)] if who == "one" else rng.sample(range(world_size), 2)
         for rank in ranks:
             entries.extend(_entries(rng, rank))
-    return Draw(run, mode, world_size, who, ";".join(entries), outside, workers)
+    name = rng.choice(("SIGTERM", "SIGUSR1")) if mode == "slurm" else "SIGTERM"
+    entries = [f"{entry}:{name}" for entry in entries]
+    return Draw(run, mode, world_size, who, ";".join(entries), outside, workers, name)
 
 
 def _entries(rng: random.Random, rank: int) -> list[str]:
@@ -85,13 +93,20 @@ def _entries(rng: random.Random, rank: int) -> list[str]:
 def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
     scenario = {"SCENARIO_MAX_STEPS": str(MAX_STEPS), "SCENARIO_BATCHES": str(MAX_STEPS),
                 "SCENARIO_VAL_EVERY": str(VAL_EVERY), "SCENARIO_NUM_WORKERS": str(d.workers)}
-    outside = OutsideSignal(rank=d.outside[0], batch=d.outside[1], targets="all") if d.outside else None
-    stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside,
+    signum = signal.Signals[d.signal]
+    outside = OutsideSignal(rank=d.outside[0], batch=d.outside[1], targets="all", signum=signum) if d.outside else None
+    env = _stub_scontrol(out) if d.mode == "slurm" else {}
+    stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside, env=env,
                       scenario={**scenario, "SCENARIO_INJECT": d.inject})
     facts: dict = {"returncodes": stopped.returncodes, "elapsed": round(stopped.elapsed, 1)}
     try:
-        step = assert_unison_stop(stopped)
+        step = assert_unison_stop(stopped, exit_code=128 + signum)
         facts["step"] = step
+        if d.mode == "slurm":  # the requeue signal requeues, once; SIGTERM does not
+            calls = Path(env["SCONTROL_CALLS"])
+            recorded = calls.read_text().splitlines() if calls.exists() else []
+            expected = ["requeue 4242"] if signum == signal.SIGUSR1 else []
+            assert recorded == expected, f"scontrol calls {recorded}, expected {expected}\n{stopped.describe()}"
         resumed = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH,
                           scenario={**scenario, "SCENARIO_RESUME": "1"})
         assert_finished(resumed, steps=MAX_STEPS)
@@ -102,6 +117,15 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
     except AssertionError as failure:
         return False, str(failure), facts
     return True, "", facts
+
+
+def _stub_scontrol(out: Path) -> dict[str, str]:
+    """A stand-in ``scontrol`` on PATH that records its arguments."""
+    stub = out / "bin" / "scontrol"
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_CALLS"\n')
+    stub.chmod(0o755)
+    return {"PATH": f"{stub.parent}:{os.environ['PATH']}", "SCONTROL_CALLS": str(out / "scontrol.calls")}
 
 
 def main() -> int:
@@ -130,12 +154,15 @@ def main() -> int:
     minutes = (time.monotonic() - started) / 60
     (args.out / "results.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
     print(f"soak: {len(rows)} runs, {len(failures)} failed {failures}, seed {args.seed}, {minutes:.1f} min")
-    if args.record:
-        args.record.write_text(_page(rows, failures, args.seed, minutes))
+    if args.record:  # the soak's section of the page; the rest of it is written by hand
+        page = args.record.read_text()
+        start, end = page.index(SECTION[0]), page.index(SECTION[1]) + len(SECTION[1])
+        args.record.write_text(page[:start] + SECTION[0] + "\n" + _section(rows, failures, args.seed, minutes)
+                               + SECTION[1] + page[end:])
     return 1 if failures else 0
 
 
-def _page(rows: list[dict], failures: list[int], seed: int, minutes: float) -> str:
+def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -> str:
     def count(key: str) -> str:
         values: dict = {}
         for row in rows:
@@ -147,28 +174,20 @@ def _page(rows: list[dict], failures: list[int], seed: int, minutes: float) -> s
         for phase in PHASES:
             if f":{phase}" in row["inject"]:
                 phases[phase] = phases.get(phase, 0) + 1
-    return f"""# Reliability: the randomized fault soak
-
-`make soak N={len(rows)}` (`tests/soak.py`), last recorded run: **{len(rows)} runs, {len(failures)} failed**,
-seed {seed}, {minutes:.0f} minutes on the 2-core CI machine. CI runs `make soak N=10` with a new seed
-each time.
-
-Each run is a real job (gloo on CPU) stopped by a random fault and then resumed. It passes when every
-rank raised `SIGTERMException` at the same step with exit code 143 (the launcher's, for Lightning's
-launcher; torchrun reports a failure), one `hpc_ckpt_<N>.ckpt` holds that step, and the resumed run
-trains exactly the remaining steps and exits 0.
+    return f"""Last recorded soak: `make soak N={len(rows)} SEED={seed}`: **{len(rows)} runs, {len(failures)} failed**, \
+{minutes:.0f} minutes on the 2-core machine. CI runs `make soak N=10` with a new seed each time.
 
 | drawn | runs |
 |---|---|
 | launch mode | {count("mode")} |
 | ranks | {count("world_size")} |
+| signal | {count("signal")} (SIGUSR1: SLURM's requeue signal; `scontrol requeue` called once) |
 | signalled | {count("who")} ("all": every process from outside, DataLoader workers included) |
 | DataLoader workers | {count("workers")} |
 | phase of an injected signal | {", ".join(f"{k}: {v}" for k, v in sorted(phases.items()))} ("save": a second signal while the stop checkpoint is written) |
 
 Failures: {", ".join(f"run {r}" for r in failures) if failures else "none"}.
-
-Replay one run: `python tests/soak.py 1 --seed {seed} --only <run>`.
+Replay one run: `.venv/bin/python tests/soak.py 1 --seed {seed} --only <run>`.
 """
 
 

@@ -13,8 +13,7 @@ import time
 import pytest
 import torch
 
-from ddp_sigterm import Settings, SettingsError, StopCoordinator
-from ddp_sigterm import slurm
+from ddp_sigterm import Settings, SettingsError, StopCoordinator, slurm
 from ddp_sigterm.cadence import Cadence
 from ddp_sigterm.deadline import GAVE_UP_EXIT_CODE
 from ddp_sigterm.signals import SignalRecorder

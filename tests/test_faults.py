@@ -9,11 +9,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from harness import OutsideSignal, run_job
+from test_scenarios import (
+    MUST_FINISH,
+    SIGTERM_EXIT,
+    assert_finished,
+    assert_stopped_after,
+    assert_unison_stop,
+    fit,
+)
 
 from ddp_sigterm.deadline import GAVE_UP_EXIT_CODE
-from harness import OutsideSignal, run_job
-from test_scenarios import (MUST_FINISH, SIGTERM_EXIT, assert_finished, assert_stopped_after, assert_unison_stop,
-                            fit)
 
 pytestmark = pytest.mark.scenario
 

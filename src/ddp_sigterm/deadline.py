@@ -22,7 +22,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 GAVE_UP_EXIT_CODE = 124
 """Exit code of a stop abandoned at the deadline or on the third signal (``timeout``'s code)."""

@@ -211,7 +211,7 @@ def _save_stop_checkpoint(trainer: pl.Trainer, coordinator: StopCoordinator, ste
         trainer.strategy.save_checkpoint(checkpoint, partial)
         if trainer.is_global_zero and not os.path.exists(partial):
             _raise_why_not_written(root, partial)
-    except Exception as caught:
+    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
         error = caught
     _every_rank_succeeded(coordinator, error, f"saving the stop checkpoint of step {step} in {root}", step)
     final = None
@@ -219,7 +219,7 @@ def _save_stop_checkpoint(trainer: pl.Trainer, coordinator: StopCoordinator, ste
         if trainer.is_global_zero:
             final = trainer._checkpoint_connector.hpc_save_path(root)
             os.replace(partial, final)
-    except Exception as caught:
+    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
         error = caught
     _every_rank_succeeded(coordinator, error, f"naming the stop checkpoint of step {step} in {root}", step)
     return final
@@ -242,7 +242,7 @@ def _requeue(trainer: pl.Trainer, coordinator: StopCoordinator, step: int) -> st
     try:
         if trainer.is_global_zero:
             job = slurm.requeue()
-    except Exception as caught:
+    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
         error = caught
     _every_rank_succeeded(coordinator, error, "requeueing the SLURM job", step)
     return job
