@@ -100,10 +100,19 @@ def assert_latency(result: JobResult, signalled_at: float | None = None) -> None
         assert latency < max(STEP_SLEEP, MAX_DELAY) + 2.0, result.describe()
 
 
-def assert_finished(result: JobResult, steps: int) -> None:
+def assert_finished(result: JobResult, steps: int, stock: bool = False) -> None:
+    """Every rank trained ``steps`` steps and exited 0. ``stock``: a run without the package, which
+    may abort at exit with gloo's "terminate called without an active exception" (-6), the failure
+    the package's ``destroy_at_exit`` removes; every rank must still have finished."""
     why = result.describe()
     assert not result.timed_out, why
-    assert set(result.returncodes.values()) == {0}, why
+    codes = set(result.returncodes.values())
+    if stock and -signal.SIGABRT in codes:
+        aborted = [label for label, code in result.returncodes.items() if code == -signal.SIGABRT]
+        assert all("terminate called" in result.logs[label].read_text(errors="replace") for label in aborted), why
+        print(f"stock Lightning aborted at exit (gloo, -6) in {aborted}")
+        codes.discard(-signal.SIGABRT)
+    assert codes <= {0} if stock else codes == {0}, why
     assert {o["exception"] for o in result.outcomes.values()} == {None}, why
     assert set(result.steps().values()) == {steps}, why
 
@@ -276,7 +285,7 @@ def test_no_signal_trains_exactly_like_stock_lightning(tmp_path: Path) -> None:
     # stock: the suite's own environment (released Lightning) with the package opted out
     stock = run_job(tmp_path / "stock", timeout=MUST_FINISH, env={"DDP_SIGTERM": "0"}, python=sys.executable)
     assert_finished(ours, steps=12)
-    assert_finished(stock, steps=12)
+    assert_finished(stock, steps=12, stock=True)
     package = IMPLEMENTATION == "package"
     assert all(("UnisonStop" in o["callbacks"]) == package for o in ours.outcomes.values()), ours.describe()
     assert all("UnisonStop" not in o["callbacks"] for o in stock.outcomes.values()), stock.describe()
