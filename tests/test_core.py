@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -230,3 +231,24 @@ def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> Non
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     assert child.returncode == 0, out
+
+
+def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() -> None:
+    """Some runners (Ray Train, notebooks' helpers) train in a thread: no signal handler runs there and
+    the wakeup fd cannot be set, so the deadline does not watch; the coordinator still works."""
+    failures: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            coordinator = StopCoordinator(Settings.resolve(environ={}))
+            coordinator.start(install_handlers=False)
+            assert coordinator.deadline is not None and coordinator.deadline._thread is None
+            assert coordinator.should_stop(0) is False
+            coordinator.close()
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            failures.append(error)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and failures == []

@@ -41,9 +41,10 @@ _WAKE = b"\0"  # written by this module to make the thread look again; never a s
 class Deadline:
     """Watches for stop signals from a thread and ends the process if the stop overruns.
 
-    ``who`` names the process in messages ("rank 1 of 2"); ``activity`` is called from the watching thread to name what the main thread is waiting for; it
-    must only read attributes. ``start`` and ``close`` need the main thread (the wakeup fd is
-    per process and set from there).
+    ``who`` names the process in messages ("rank 1 of 2"); ``activity`` is called from the watching
+    thread to name what the main thread is waiting for, so it must only read attributes. The wakeup
+    fd is per process and can only be set from the main thread: started from another thread (where
+    no signal handler runs either, e.g. a training function run in a thread), it does not watch.
     """
 
     def __init__(self, seconds: float, signals: tuple[int, ...], who: str, activity: Callable[[], str]) -> None:
@@ -61,7 +62,7 @@ class Deadline:
         self._closing = False
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None or threading.current_thread() is not threading.main_thread():
             return
         self._reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
