@@ -96,10 +96,11 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
     signum = signal.Signals[d.signal]
     outside = OutsideSignal(rank=d.outside[0], batch=d.outside[1], targets="all", signum=signum) if d.outside else None
     env = _stub_scontrol(out) if d.mode == "slurm" else {}
-    stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside, env=env,
-                      scenario={**scenario, "SCENARIO_INJECT": d.inject})
-    facts: dict = {"returncodes": stopped.returncodes, "elapsed": round(stopped.elapsed, 1)}
+    facts: dict = {"returncodes": None, "elapsed": 0.0}
     try:
+        stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside, env=env,
+                          scenario={**scenario, "SCENARIO_INJECT": d.inject})
+        facts.update(returncodes=stopped.returncodes, elapsed=round(stopped.elapsed, 1))
         step = assert_unison_stop(stopped, exit_code=128 + signum)
         facts["step"] = step
         if d.mode == "slurm":  # the requeue signal requeues, once; SIGTERM does not
@@ -114,8 +115,8 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
         # a stop inside a validation round resumes at the next training batch: same count
         assert started == {MAX_STEPS - step}, f"resumed run started {started} batches\n{resumed.describe()}"
         facts["elapsed"] += round(resumed.elapsed, 1)
-    except AssertionError as failure:
-        return False, str(failure), facts
+    except Exception as failure:  # noqa: BLE001 - any failure is this run's, recorded; the soak goes on
+        return False, f"{type(failure).__name__}: {failure}", facts
     return True, "", facts
 
 

@@ -50,8 +50,11 @@ def test_stuck_peer_signalled_rank_gives_up_at_the_deadline(tmp_path: Path) -> N
     print(f"rank 1 exited {took:.1f} s after its SIGTERM (stop_deadline {DEADLINE:g} s)")
     assert result.returncodes["rank1"] == GAVE_UP_EXIT_CODE, why
     assert DEADLINE - 0.5 <= took <= DEADLINE + EXIT_SLACK, why
-    assert ("ddp_sigterm: rank 1 of 2: the stop did not complete within stop_deadline=5 s of the first SIGTERM; "
-            "it was waiting for the next step boundary after step") in log_of(result, "rank1"), why
+    # blocked in the step's all-reduce, or in the agreement if the freeze came after rank 0's last step
+    log = log_of(result, "rank1")
+    assert "ddp_sigterm: rank 1 of 2: the stop did not complete within stop_deadline=5 s of the first SIGTERM" in log, why
+    assert ("it was waiting for the next step boundary after step" in log
+            or "it was waiting for the stop agreement at step" in log), why
     assert result.checkpoints() == [], why
 
 
@@ -90,11 +93,11 @@ def test_second_signal_during_the_save_does_not_interrupt_it(tmp_path: Path) -> 
 
 
 def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
-    """The documented escalation: a third stop request (1.2 s apart) ends the process now, mid-save; its peer
+    """The documented escalation: a third stop request (2 s apart) ends the process now, mid-save; its peer
     then cannot complete the stop either and exits non-zero; no checkpoint claims to be complete."""
     result = run_job(tmp_path, timeout=MUST_FINISH, until_exited={"rank0", "rank1"},
                      env={"DDP_SIGTERM_STOP_DEADLINE": "60"},  # the signals end it, not the deadline
-                     scenario={"SCENARIO_INJECT": "1:2:forward;1:*:save;1:*:save", "SCENARIO_SIGNAL_GAP": "1.2"})
+                     scenario={"SCENARIO_INJECT": "1:2:forward;1:*:save;1:*:save", "SCENARIO_SIGNAL_GAP": "2"})
     why = result.describe()
     assert not result.timed_out, why
     assert result.returncodes["rank1"] == GAVE_UP_EXIT_CODE, why
@@ -176,12 +179,13 @@ def test_checkpoint_directory_not_writable_at_stop(tmp_path: Path) -> None:
     the same step, and every rank exits non-zero with the reason; nothing claims to be a checkpoint."""
     root = tmp_path / "root"
     root.mkdir()
+    if os.geteuid() == 0 and not _can_make_immutable(tmp_path / "probe"):
+        pytest.xfail("running as root without chattr +i (no CAP_LINUX_IMMUTABLE, or tmpfs): cannot make "
+                     "default_root_dir non-writable here")
     try:
         result = fit(tmp_path, inject="1:2:forward", SCENARIO_ROOT_DIR=str(root), SCENARIO_LOCK_ROOT="1")
     finally:
-        if os.geteuid() == 0:
-            subprocess.run(["chattr", "-i", str(root)], check=False)
-        root.chmod(0o755)
+        _unlock(root)
     why = result.describe()
     assert not result.timed_out and set(result.returncodes.values()) == {1}, why
     outcomes = result.outcomes
@@ -191,3 +195,16 @@ def test_checkpoint_directory_not_writable_at_stop(tmp_path: Path) -> None:
     assert any(reason in outcomes[0]["exception"] for reason in ("Permission denied", "Operation not permitted")), why
     assert "failed on rank 0 (its log has the reason)" in outcomes[1]["exception"], why
     assert list(root.glob("hpc_ckpt_*")) == [], why
+
+
+def _can_make_immutable(probe: Path) -> bool:
+    probe.mkdir()
+    made = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, check=False).returncode == 0
+    _unlock(probe)
+    return made
+
+
+def _unlock(path: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True, check=False)
+    path.chmod(0o755)

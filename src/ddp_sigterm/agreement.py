@@ -97,8 +97,10 @@ _destroy_registered_by: int | None = None
 
 
 def destroy_default_group_at_exit() -> None:
-    """Destroy the default process group when this process exits (registered once per process; a
-    forked child does not run its parent's registration)."""
+    """Destroy the default process group when this process exits, if it is a gloo group (registered
+    once per process; a forked child does not run its parent's registration). Only gloo: its group
+    alive at exit is what aborts the interpreter, and destroying an NCCL group after a peer crashed
+    can wait for that peer (Lightning registers its own exit handler for NCCL)."""
     global _destroy_registered_by
     if _destroy_registered_by == os.getpid():
         return
@@ -107,5 +109,5 @@ def destroy_default_group_at_exit() -> None:
 
 
 def _destroy_default_group(owner: int) -> None:
-    if os.getpid() == owner and dist.is_available() and dist.is_initialized():
+    if os.getpid() == owner and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
         dist.destroy_process_group()

@@ -91,6 +91,8 @@ class StopCoordinator:
         """Restore the signal handlers and destroy the agreement group. Safe to call twice. After a
         stop the deadline keeps running until the process has exited."""
         self.recorder.restore()
+        if self.decision is None and self.recorder.signum:
+            self.activity = "the process to exit: the signal came after the run's last agreement, so no stop was agreed"
         if self.deadline is not None:
             self.deadline.close()
             self.deadline = None

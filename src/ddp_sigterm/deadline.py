@@ -83,13 +83,15 @@ class Deadline:
         if self._thread is None or self._writer is None:
             return
         _watching.discard(self)
-        if threading.current_thread() is threading.main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        if main:
             signal.set_wakeup_fd(self._previous_fd)
         if self.armed_at is None:
             self._closing = True
             self._wake()
-            self._writer.close()
-            self._writer = None
+            if main:  # elsewhere the wakeup fd still points at the writer: keep it open
+                self._writer.close()
+                self._writer = None
         self._thread = None
 
     # -- the watching thread -------------------------------------------------------------------
@@ -98,6 +100,8 @@ class Deadline:
             try:
                 self._writer.send(_WAKE)
             except BlockingIOError:  # the buffer is full of unread wake-ups: the thread will look anyway
+                pass
+            except OSError:  # closed by close(): the thread has been told to stop
                 pass
 
     def _watch(self) -> None:

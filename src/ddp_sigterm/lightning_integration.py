@@ -206,6 +206,7 @@ def _save_stop_checkpoint(trainer: pl.Trainer, coordinator: StopCoordinator, ste
     root = trainer.default_root_dir
     partial = os.path.join(root, ".ddp_sigterm-partial.ckpt")
     error = None
+    coordinator.activity = f"saving the stop checkpoint of step {step} in {root}"
     try:
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         trainer.strategy.save_checkpoint(checkpoint, partial)
@@ -239,6 +240,7 @@ def _requeue(trainer: pl.Trainer, coordinator: StopCoordinator, step: int) -> st
     """Global rank 0 runs ``scontrol requeue`` once, after the stop checkpoint; every rank learns the
     outcome. Returns the job id on rank 0."""
     error, job = None, None
+    coordinator.activity = "`scontrol requeue` (global rank 0)"
     try:
         if trainer.is_global_zero:
             job = slurm.requeue()
