@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -142,11 +143,57 @@ def run_job(
     else:
         raise ValueError(f"unknown launch mode {mode!r}")
 
+    def send_due_signals(procs: dict[str, subprocess.Popen]) -> None:
+        for sig in signals:
+            if sig.reached_at is None and _reached(out, sig.rank, sig.batch):
+                sig.reached_at = time.monotonic()
+            if sig.sent_at is None and sig.reached_at is not None and time.monotonic() >= sig.reached_at + sig.delay:
+                _send(sig, procs, mode)
+
+    run = supervise(out, commands, timeout, on_poll=send_due_signals, poll=poll, until_exited=until_exited)
+    outcomes = {}
+    for path in out.glob("outcome.rank*.json"):
+        data = json.loads(path.read_text())
+        outcomes[data["rank"]] = data
+    return JobResult(mode, world_size, out, run.timed_out, run.returncodes, outcomes, run.logs, run.elapsed,
+                     signals, run.exited_at)
+
+
+@dataclasses.dataclass
+class Supervised:
+    """How the processes of one job ended."""
+
+    timed_out: bool
+    returncodes: dict[str, int | None]  # label -> exit code (None if it had to be killed)
+    logs: dict[str, Path]  # label -> its stdout and stderr
+    elapsed: float
+    exited_at: dict[str, float]  # label -> time.monotonic() seen exited
+    left_behind: list[int]  # with ``linger``: processes of the job still running after it (then killed)
+
+    def output(self) -> str:
+        return "".join(path.read_text(errors="replace") for path in self.logs.values() if path.exists())
+
+
+def supervise(
+    out: Path,
+    commands: dict[str, tuple[list[str], dict[str, str]]],
+    timeout: float,
+    on_poll: Callable[[dict[str, subprocess.Popen]], None] | None = None,
+    poll: float = 0.05,
+    until_exited: set[str] | None = None,
+    linger: float = 0.0,
+) -> Supervised:
+    """Start ``commands`` (label -> (argv, environment)), each in a session of its own with its output
+    in ``out/<label>.log``; call ``on_poll`` every ``poll`` seconds until all have exited, the labels in
+    ``until_exited`` have, or ``timeout`` seconds passed. ``linger``: once all have exited, wait up to
+    that long for the rest of their process groups (ranks a launcher started, which may outlive it by
+    a moment) to exit too. Every process of the job, descendants included, is killed in ``finally``."""
     procs: dict[str, subprocess.Popen] = {}
     groups: set[int] = set()  # every process group seen in the job's process trees
     logs: dict[str, Path] = {}
     timed_out = False
     exited_at: dict[str, float] = {}
+    left_behind: list[int] = []
     started = time.monotonic()
     try:
         for label, (cmd, proc_env) in commands.items():
@@ -168,15 +215,17 @@ def run_job(
             if time.monotonic() > deadline:
                 timed_out = True
                 break
-            for sig in signals:
-                if sig.reached_at is None and _reached(out, sig.rank, sig.batch):
-                    sig.reached_at = time.monotonic()
-                if sig.sent_at is None and sig.reached_at is not None and time.monotonic() >= sig.reached_at + sig.delay:
-                    _send(sig, procs, mode)
+            if on_poll is not None:
+                on_poll(procs)
             time.sleep(poll)
         for label, proc in procs.items():
             if proc.returncode is not None:
                 exited_at.setdefault(label, time.monotonic())
+        lingering_until = time.monotonic() + linger
+        while not timed_out and len(exited_at) == len(procs) and _alive_in(groups) and \
+                time.monotonic() < lingering_until:
+            time.sleep(poll)
+        left_behind = _alive_in(groups) if linger else []
     finally:
         groups |= _job_groups(procs)
         for proc in procs.values():
@@ -189,15 +238,27 @@ def run_job(
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
                 pass
-    outcomes = {}
-    for path in out.glob("outcome.rank*.json"):
-        data = json.loads(path.read_text())
-        outcomes[data["rank"]] = data
     returncodes = {label: (None if label not in exited_at and _killed(p) else p.returncode)
                    for label, p in procs.items()}
-    return JobResult(mode, world_size, out, timed_out, returncodes, outcomes, logs,
-                     time.monotonic() - started, signals, exited_at)
+    return Supervised(timed_out, returncodes, logs, time.monotonic() - started, exited_at, left_behind)
 
+
+def stub_scontrol(directory: Path, fail: str | None = None) -> dict[str, str]:
+    """Environment that puts a stand-in ``scontrol`` on PATH: it appends its arguments to a file
+    (read them with :func:`scontrol_calls`) and, with ``fail``, exits 1 with that reason."""
+    stub = directory / "bin" / "scontrol"
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_CALLS"\n'
+                    'if [ -n "$SCONTROL_FAIL" ]; then echo "slurm_requeue error: $SCONTROL_FAIL" >&2; exit 1; fi\n')
+    stub.chmod(0o755)
+    env = {"PATH": f"{stub.parent}:{os.environ['PATH']}", "SCONTROL_CALLS": str(directory / "scontrol.calls")}
+    return {**env, "SCONTROL_FAIL": fail} if fail else env
+
+
+def scontrol_calls(env: dict[str, str]) -> list[str]:
+    """The argument lines the stub ``scontrol`` of ``env`` recorded, one per call."""
+    calls = Path(env["SCONTROL_CALLS"])
+    return calls.read_text().splitlines() if calls.exists() else []
 
 def _reached(out: Path, rank: int, batch: int) -> bool:
     path = out / f"progress.rank{rank}"
@@ -219,7 +280,7 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
         raise ValueError(f"unknown targets {outside.targets!r}")
 
 
-def _process_table() -> dict[int, tuple[int, int]]:
+def _process_table(with_zombies: bool = True) -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, process group), read from /proc."""
     table = {}
     for entry in Path("/proc").iterdir():
@@ -228,8 +289,14 @@ def _process_table() -> dict[int, tuple[int, int]]:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            table[int(entry.name)] = (int(fields[1]), int(fields[2]))
+            if with_zombies or fields[0] not in ("Z", "X"):
+                table[int(entry.name)] = (int(fields[1]), int(fields[2]))
     return table
+
+
+def _alive_in(groups: set[int]) -> list[int]:
+    """Processes (not zombies) in any of ``groups``."""
+    return [pid for pid, (_, pgid) in _process_table(with_zombies=False).items() if pgid in groups]
 
 
 def _tree(root: int) -> list[int]:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
-import os
+import platform
 import random
 import shutil
 import signal
@@ -31,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import OutsideSignal, run_job
+from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
 from test_scenarios import MUST_FINISH, assert_finished, assert_unison_stop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +96,7 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
                 "SCENARIO_VAL_EVERY": str(VAL_EVERY), "SCENARIO_NUM_WORKERS": str(d.workers)}
     signum = signal.Signals[d.signal]
     outside = OutsideSignal(rank=d.outside[0], batch=d.outside[1], targets="all", signum=signum) if d.outside else None
-    env = _stub_scontrol(out) if d.mode == "slurm" else {}
+    env = stub_scontrol(out) if d.mode == "slurm" else {}
     facts: dict = {"returncodes": None, "elapsed": 0.0}
     try:
         stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside, env=env,
@@ -104,8 +105,7 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
         step = assert_unison_stop(stopped, exit_code=128 + signum)
         facts["step"] = step
         if d.mode == "slurm":  # the requeue signal requeues, once; SIGTERM does not
-            calls = Path(env["SCONTROL_CALLS"])
-            recorded = calls.read_text().splitlines() if calls.exists() else []
+            recorded = scontrol_calls(env)
             expected = ["requeue 4242"] if signum == signal.SIGUSR1 else []
             assert recorded == expected, f"scontrol calls {recorded}, expected {expected}\n{stopped.describe()}"
         resumed = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH,
@@ -118,15 +118,6 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
     except Exception as failure:  # noqa: BLE001 - any failure is this run's, recorded; the soak goes on
         return False, f"{type(failure).__name__}: {failure}", facts
     return True, "", facts
-
-
-def _stub_scontrol(out: Path) -> dict[str, str]:
-    """A stand-in ``scontrol`` on PATH that records its arguments."""
-    stub = out / "bin" / "scontrol"
-    stub.parent.mkdir(parents=True, exist_ok=True)
-    stub.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_CALLS"\n')
-    stub.chmod(0o755)
-    return {"PATH": f"{stub.parent}:{os.environ['PATH']}", "SCONTROL_CALLS": str(out / "scontrol.calls")}
 
 
 def main() -> int:
@@ -175,8 +166,12 @@ def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -
         for phase in PHASES:
             if f":{phase}" in row["inject"]:
                 phases[phase] = phases.get(phase, 0) + 1
-    return f"""Last recorded soak: `make soak N={len(rows)} SEED={seed}`: **{len(rows)} runs, {len(failures)} failed**, \
-{minutes:.0f} minutes on the 2-core machine. CI runs `make soak N=10` with a new seed each time.
+    venv = Path(sys.prefix).name
+    make = f"make soak N={len(rows)} SEED={seed}" + ("" if venv == ".venv" else f" PYTHON={sys._base_executable} VENV={venv}")
+    versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("torch", "lightning"))
+    return f"""Last recorded soak: `{make}`: **{len(rows)} runs, {len(failures)} failed**, \
+{minutes:.0f} minutes on the 2-core machine; Python {platform.python_version()}, {versions}. \
+CI runs `make soak N=10` with a new seed each time.
 
 | drawn | runs |
 |---|---|
@@ -188,7 +183,7 @@ def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -
 | phase of an injected signal | {", ".join(f"{k}: {v}" for k, v in sorted(phases.items()))} ("save": a second signal while the stop checkpoint is written) |
 
 Failures: {", ".join(f"run {r}" for r in failures) if failures else "none"}.
-Replay one run: `.venv/bin/python tests/soak.py 1 --seed {seed} --only <run>`.
+Replay one run: `{venv}/bin/python tests/soak.py 1 --seed {seed} --only <run>`.
 """
 
 

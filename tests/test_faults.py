@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import OutsideSignal, run_job
+from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
 from test_scenarios import (
     MUST_FINISH,
     SIGTERM_EXIT,
@@ -114,23 +114,14 @@ def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, 
     """Under SLURM (its variables set, a stub ``scontrol`` on PATH that records its arguments) the
     requeue signal, SIGUSR1, reaches rank 1: every rank stops at the same step and saves, global rank 0
     requeues the job exactly once, and the ranks exit 128 + the agreed signal."""
-    stub = tmp_path / "bin" / "scontrol"
-    stub.parent.mkdir()
-    calls = tmp_path / "scontrol.calls"
-    stub.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_CALLS"\n'
-                    'if [ -n "$SCONTROL_FAIL" ]; then echo "slurm_requeue error: $SCONTROL_FAIL" >&2; exit 1; fi\n')
-    stub.chmod(0o755)
-    env = {"PATH": f"{stub.parent}:{os.environ['PATH']}", "SCONTROL_CALLS": str(calls)}
-    if case == "scontrol-fails":
-        env["SCONTROL_FAIL"] = "Access/permission denied"
+    env = stub_scontrol(tmp_path, fail="Access/permission denied" if case == "scontrol-fails" else None)
     array = {"SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2"} if case == "array-job" else {}
     inject = "1:2:forward:SIGUSR1" + (";0:2:forward:SIGTERM" if case == "with-sigterm" else "")
     result = run_job(tmp_path / "job", mode="slurm", timeout=MUST_FINISH, env=env, slurm=array,
                      scenario={"SCENARIO_INJECT": inject})
     why = result.describe()
     assert {o.get("environment") for o in result.outcomes.values()} == {"SLURMEnvironment"}, why
-    recorded = calls.read_text().splitlines() if calls.exists() else []
-    assert recorded == ["requeue 4240_2" if array else "requeue 4242"], why
+    assert scontrol_calls(env) == ["requeue 4240_2" if array else "requeue 4242"], why
     if case == "scontrol-fails":  # the checkpoint is saved, but the job would not come back: say so, everywhere
         assert not result.timed_out and set(result.returncodes.values()) == {1}, why
         assert len({o["global_step"] for o in result.outcomes.values()}) == 1, why
