@@ -1,6 +1,7 @@
 # Set-up and checks. `make test` and `make demo` build .venv from scratch when it is missing.
+# PYTHON=... VENV=... build and use another interpreter's venv (.ci/run: the soak on Python 3.12).
 PYTHON ?= python3.11
-VENV := .venv
+VENV ?= .venv
 VENV_251 := .venv-lightning-2.5.1
 VENV_PATCHED := .venv-patched
 SERIES := patches/lightning-2.6.6
@@ -81,4 +82,4 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py
 
 clean:
-	rm -rf $(VENV) $(VENV_251) $(VENV_PATCHED) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-py3.* $(VENV_251) $(VENV_PATCHED) build dist src/*.egg-info .pytest_cache
