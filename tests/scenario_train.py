@@ -8,6 +8,7 @@ Fault injection is a callback: it sends a signal to this very process at rank R,
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -18,10 +19,10 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
-
 ENV = os.environ
+# The Trainer package: lightning.pytorch, or the standalone pytorch_lightning (SCENARIO_LIGHTNING).
+pl = importlib.import_module(ENV.get("SCENARIO_LIGHTNING", "lightning.pytorch"))
+Callback = pl.Callback
 OUT = ENV["SCENARIO_OUT"]
 STAGE = ENV.get("SCENARIO_STAGE", "fit")
 MAX_STEPS = int(ENV.get("SCENARIO_MAX_STEPS", "12"))
@@ -235,6 +236,7 @@ def main() -> None:
             weights=weights_digest(model),
             callbacks=[type(cb).__name__ for cb in trainer.callbacks],
             lightning=pl.__version__,
+            trainer_package=pl.__name__,
             environment=type(trainer._accelerator_connector.cluster_environment).__name__,
         )
         with open(os.path.join(OUT, f"outcome.rank{trainer.global_rank}.json"), "w") as f:

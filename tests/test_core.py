@@ -252,3 +252,32 @@ def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() 
     thread.start()
     thread.join(timeout=60)
     assert not thread.is_alive() and failures == []
+
+
+def test_save_in_unison_names_the_file_only_when_it_was_written(tmp_path) -> None:
+    """One rank (no process group): the checked save renames the temporary file once it is there; a
+    save that wrote nothing (as Lightning's swallowed PermissionError does) or raised is a StopError
+    naming the step and the reason, and leaves no file under the checkpoint's name."""
+    from ddp_sigterm import StopError, save_in_unison
+
+    stop = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",), stop_deadline=math.inf))
+    stop.start()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.should_stop(7)
+        path = tmp_path / "step-7.ckpt"
+        assert save_in_unison(stop, lambda partial: torch.save({"step": 7}, partial), str(path), writer=True) == str(path)
+        assert torch.load(path)["step"] == 7 and sorted(p.name for p in tmp_path.iterdir()) == ["step-7.ckpt"]
+
+        with pytest.raises(StopError, match=r"rank 0: every rank stopped at step 7, but saving the stop checkpoint "
+                                            r"of step 7 in .* failed: OSError: .* is missing after a save"):
+            save_in_unison(stop, lambda partial: None, str(tmp_path / "other.ckpt"), writer=True)
+        with pytest.raises(StopError, match="failed: RuntimeError: disk full"):
+            save_in_unison(stop, _raise_disk_full, str(tmp_path / "other.ckpt"), writer=True)
+        assert not (tmp_path / "other.ckpt").exists()
+    finally:
+        stop.close()
+
+
+def _raise_disk_full(partial: str) -> None:
+    raise RuntimeError("disk full")

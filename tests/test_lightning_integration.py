@@ -1,54 +1,72 @@
-"""In-process checks of the Lightning integration (one process, no signal sent)."""
+"""In-process checks of the Lightning integrations (one process, no signal sent from outside): the
+Trainer callback for both ``lightning.pytorch`` and the standalone ``pytorch_lightning``, and the
+Fabric callback."""
 
 from __future__ import annotations
 
+import importlib
+import os
 import signal
+from types import SimpleNamespace
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddp_sigterm import SettingsError, UnisonStop
+from ddp_sigterm import SettingsError
+
+# (Trainer package, the package's callback for it)
+TRAINER_PACKAGES = {
+    "lightning.pytorch": "ddp_sigterm.lightning_integration",
+    "pytorch_lightning": "ddp_sigterm.pytorch_lightning_integration",
+}
 
 
-class Tiny(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
+@pytest.fixture(params=sorted(TRAINER_PACKAGES))
+def lightning(request) -> SimpleNamespace:
+    """One Trainer package: ``pl`` (the package), ``UnisonStop`` (ours for it), ``Tiny`` and ``Probe``."""
+    pl = importlib.import_module(request.param)
+    ours = importlib.import_module(TRAINER_PACKAGES[request.param])
 
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch[0]).sum()
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
 
-    def train_dataloader(self):
-        return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def train_dataloader(self):
+            return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+
+    class Probe(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            self.active = [cb for cb in trainer.callbacks
+                           if isinstance(cb, ours.UnisonStop) and cb._coordinator is not None]
+            self.notifier = trainer._signal_connector.__dict__.get("_sigterm_notifier_fn")
+            self.broadcast = trainer.fit_loop.epoch_loop.__dict__.get("_broadcast_sigterm_tensor")
+            self.handler = signal.getsignal(signal.SIGTERM)
+
+    return SimpleNamespace(pl=pl, UnisonStop=ours.UnisonStop, Tiny=Tiny, Probe=Probe)
 
 
-class Probe(pl.Callback):
-    def on_train_start(self, trainer, pl_module):
-        self.active = [cb for cb in trainer.callbacks if isinstance(cb, UnisonStop) and cb._coordinator is not None]
-        self.notifier = trainer._signal_connector.__dict__.get("_sigterm_notifier_fn")
-        self.broadcast = trainer.fit_loop.epoch_loop.__dict__.get("_broadcast_sigterm_tensor")
-        self.handler = signal.getsignal(signal.SIGTERM)
+def trainer_with(lightning: SimpleNamespace, *callbacks, tmp_path):
+    return lightning.pl.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                                callbacks=list(callbacks))
 
 
-def trainer_with(*callbacks: pl.Callback, tmp_path) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-                      callbacks=list(callbacks))
-
-
-def test_explicit_callback_wins_and_lightning_hooks_are_restored(tmp_path, monkeypatch) -> None:
+def test_explicit_callback_wins_and_lightning_hooks_are_restored(lightning, tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("DDP_SIGTERM", raising=False)
-    explicit, probe = UnisonStop(max_delay=0.5), Probe()
-    trainer = trainer_with(explicit, probe, tmp_path=tmp_path)
-    auto = [cb for cb in trainer.callbacks if isinstance(cb, UnisonStop) and cb.auto_registered]
+    explicit, probe = lightning.UnisonStop(max_delay=0.5), lightning.Probe()
+    trainer = trainer_with(lightning, explicit, probe, tmp_path=tmp_path)
+    auto = [cb for cb in trainer.callbacks if isinstance(cb, lightning.UnisonStop) and cb.auto_registered]
     assert len(auto) == 1, "the entry point did not register the callback"
     before = signal.getsignal(signal.SIGTERM)
-    trainer.fit(Tiny())
+    trainer.fit(lightning.Tiny())
     assert probe.active == [explicit]  # the auto-registered instance stepped aside
     assert explicit.settings.max_delay == 0.5
     assert probe.notifier is not None  # Lightning's notifier (broadcast in the handler) replaced
@@ -61,13 +79,106 @@ def test_explicit_callback_wins_and_lightning_hooks_are_restored(tmp_path, monke
     assert signal.getsignal(signal.SIGTERM) == before
 
 
-def test_opt_out_registers_nothing(tmp_path, monkeypatch) -> None:
+def test_opt_out_registers_nothing(lightning, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DDP_SIGTERM", "0")
-    trainer = trainer_with(tmp_path=tmp_path)
-    assert not [cb for cb in trainer.callbacks if isinstance(cb, UnisonStop)]
+    trainer = trainer_with(lightning, tmp_path=tmp_path)
+    assert not [cb for cb in trainer.callbacks if isinstance(cb, lightning.UnisonStop)]
 
 
-def test_bad_environment_fails_when_the_trainer_is_built(tmp_path, monkeypatch) -> None:
+def test_bad_environment_fails_when_the_trainer_is_built(lightning, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DDP_SIGTERM_MAX_DELAY", "0")
     with pytest.raises(SettingsError, match="max_delay must be a positive number"):
-        trainer_with(tmp_path=tmp_path)
+        trainer_with(lightning, tmp_path=tmp_path)
+
+
+# -- Fabric ----------------------------------------------------------------------------------------
+@pytest.fixture(params=["lightning.fabric", "lightning_fabric"])
+def fabric_package(request):
+    return importlib.import_module(request.param)
+
+
+def test_fabric_loop_gets_one_coordinator_that_records_sigterm(fabric_package, monkeypatch) -> None:
+    from ddp_sigterm.fabric import FabricStop, unison_stop
+
+    monkeypatch.delenv("DDP_SIGTERM", raising=False)
+    # The signal arms the stop deadline, which would end this (pytest) process 25 s later.
+    monkeypatch.setenv("DDP_SIGTERM_STOP_DEADLINE", "inf")
+    before = signal.getsignal(signal.SIGTERM)
+    fabric = fabric_package.Fabric(accelerator="cpu", devices=1)
+    assert [type(cb) for cb in fabric._callbacks] == [FabricStop], "the entry point did not register FabricStop"
+    assert signal.getsignal(signal.SIGTERM) == before, "registering must not touch the handlers"
+    fabric.launch()
+    stop = unison_stop(fabric)
+    assert unison_stop(fabric) is stop
+    assert not stop.should_stop(1)
+    os.kill(os.getpid(), signal.SIGTERM)  # recorded, not fatal
+    try:
+        assert stop.should_stop(2)
+        assert (stop.exit_code, stop.decision.step) == (143, 2)
+    finally:
+        stop.close()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_fabric_explicit_settings_win_and_opt_out_is_inert(fabric_package, monkeypatch) -> None:
+    from ddp_sigterm.fabric import FabricStop, unison_stop
+
+    monkeypatch.delenv("DDP_SIGTERM", raising=False)
+    explicit = FabricStop(max_delay=0.5)
+    fabric = fabric_package.Fabric(accelerator="cpu", devices=1, callbacks=[explicit])
+    stop = unison_stop(fabric)
+    try:
+        assert explicit.coordinator is stop and stop.settings.max_delay == 0.5
+    finally:
+        stop.close()
+
+    monkeypatch.setenv("DDP_SIGTERM", "0")
+    before = signal.getsignal(signal.SIGTERM)
+    fabric = fabric_package.Fabric(accelerator="cpu", devices=1)
+    assert not [cb for cb in fabric._callbacks if isinstance(cb, FabricStop)]
+    stop = unison_stop(fabric)
+    assert signal.getsignal(signal.SIGTERM) == before  # no handler: SIGTERM ends the script as before
+    assert not stop.should_stop(1) and not stop.decide_now(1)
+    stop.close()
+
+
+# -- Lightning's launcher ----------------------------------------------------------------------------
+@pytest.mark.parametrize("retired", [False, True])
+def test_agreed_stop_retires_the_launchers_child_watch(fabric_package, retired: bool) -> None:
+    """Lightning's launcher watches the ranks it started and SIGKILLs every rank, its own process
+    included, once one exits non-zero. After an agreed stop every rank exits 143 on its own, so the
+    watch must stand down. A stand-in 'main' process takes the SIGKILL the real one would get."""
+    import subprocess
+
+    from ddp_sigterm.launcher_watch import retire_child_watch
+
+    launchers = importlib.import_module(f"{fabric_package.__name__}.strategies.launchers.subprocess_script")
+    main = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    child = subprocess.Popen(["sh", "-c", "sleep 0.5; exit 143"], start_new_session=True)
+    try:
+        watch = launchers._ChildProcessObserver(main_pid=main.pid, child_processes=[child], sleep_period=0.1)
+        watch.start()
+        if retired:
+            retire_child_watch()  # at the agreed stop, while every rank is still alive
+        child.wait(timeout=30)
+        watch.join(timeout=30)
+        assert not watch.is_alive()
+        try:
+            main.wait(timeout=2)  # a SIGKILL sent by the watch has landed by then
+        except subprocess.TimeoutExpired:
+            pass
+        main_survived = main.returncode is None
+        assert main_survived == retired, "the watch SIGKILLed the launcher's process" if retired else "control: no kill"
+    finally:
+        for proc in (main, child):
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_the_other_packages_trainer_is_refused_by_name(lightning, tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("DDP_SIGTERM", raising=False)
+    other = next(module for package, module in TRAINER_PACKAGES.items() if package != lightning.pl.__name__)
+    wrong = importlib.import_module(other).UnisonStop()
+    trainer = trainer_with(lightning, wrong, tmp_path=tmp_path)
+    with pytest.raises(TypeError, match="is for .* Trainer, not .*: use the UnisonStop of"):
+        trainer.fit(lightning.Tiny())

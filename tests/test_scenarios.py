@@ -186,6 +186,19 @@ def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
     assert_latency(result)
 
 
+def test_standalone_pytorch_lightning_package_stops_in_unison_and_resumes(tmp_path: Path) -> None:
+    """``import pytorch_lightning as pl``: its Trainer loads its own entry point group and has its own
+    Callback and SIGTERMException classes; the package registers a callback of its own, same behaviour."""
+    standalone = {"SCENARIO_LIGHTNING": "pytorch_lightning"}
+    result = fit(tmp_path, mode="lightning", inject="1:3:backward", **standalone)
+    assert {o["trainer_package"] for o in result.outcomes.values()} == {"pytorch_lightning"}, result.describe()
+    step = assert_unison_stop(result)
+    assert_stopped_after(step, 3)
+    resumed = fit(tmp_path, mode="lightning", SCENARIO_RESUME="1", **standalone)
+    assert_finished(resumed, steps=12)
+    assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
+
+
 @patched
 def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
     """Short steps and a signal late in training, when agreements no longer run at every step:

@@ -1,7 +1,9 @@
 """ddp_sigterm: every DDP rank stops at the same step on SIGTERM, saves one checkpoint, exits 128+signal.
 
 The core (:class:`StopCoordinator`, :class:`Settings`) needs torch only. The Lightning callback,
-:class:`UnisonStop`, is imported on first use so that ``import ddp_sigterm`` does not import Lightning.
+:class:`UnisonStop` (for ``lightning.pytorch``), is imported on first use so that ``import ddp_sigterm``
+does not import Lightning; ``ddp_sigterm.pytorch_lightning_integration.UnisonStop`` is the one for
+the standalone ``pytorch_lightning``, and ``ddp_sigterm.fabric`` serves Fabric loops.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from typing import Any
 from ddp_sigterm.agreement import AgreementError
 from ddp_sigterm.coordinator import StopCoordinator, StopDecision
 from ddp_sigterm.settings import Settings, SettingsError
+from ddp_sigterm.stop_save import StopError, save_in_unison
 
 __version__ = "0.1.0"
-__all__ = ["AgreementError", "Settings", "SettingsError", "StopCoordinator", "StopDecision", "UnisonStop", "__version__"]
+__all__ = ["AgreementError", "Settings", "SettingsError", "StopCoordinator", "StopDecision", "StopError", "UnisonStop",
+           "__version__", "save_in_unison"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("UnisonStop", "StopError"):
+    if name == "UnisonStop":
         from lightning_utilities.core.imports import RequirementCache
 
         lightning = RequirementCache("lightning>=2.5.1")

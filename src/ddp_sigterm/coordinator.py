@@ -25,6 +25,7 @@ import time
 from ddp_sigterm.agreement import Agreement, destroy_default_group_at_exit
 from ddp_sigterm.cadence import Cadence
 from ddp_sigterm.deadline import Deadline
+from ddp_sigterm.launcher_watch import retire_child_watch
 from ddp_sigterm.settings import Settings
 from ddp_sigterm.signals import SignalRecorder
 
@@ -72,7 +73,10 @@ class StopCoordinator:
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, install_handlers: bool = True) -> None:
         """Create the agreement group (a collective: every rank, same point) and, unless the
-        framework composes signal handlers itself, install the recording handlers."""
+        framework composes signal handlers itself, install the recording handlers. With the package
+        switched off (``enabled=False``, ``DDP_SIGTERM=0``) it does neither: the coordinator never stops."""
+        if not self.settings.enabled:
+            return
         if self.agreement is None:
             self.agreement = Agreement(self.settings.agreement_timeout)
             if self.settings.destroy_at_exit and self.agreement.distributed:
@@ -117,6 +121,8 @@ class StopCoordinator:
         """
         if self.decision is not None:
             return True
+        if not self.settings.enabled:
+            return False
         self.boundary += 1
         if self.recorder.signum and self._signal_boundary is None:
             self._signal_boundary = self.boundary
@@ -131,6 +137,8 @@ class StopCoordinator:
         instance once at the end of a run so that a late signal is not lost."""
         if self.decision is not None:
             return True
+        if not self.settings.enabled:
+            return False
         started = time.monotonic()
         signum, _ = self._agree(step, in_loop=True)
         finished = time.monotonic()
@@ -145,6 +153,8 @@ class StopCoordinator:
         same answer on every rank."""
         if self.decision is not None:
             return True
+        if not self.settings.enabled:
+            return False
         while True:
             signum, anyone_in_loop = self._agree(step, in_loop=False)
             if signum or not anyone_in_loop:
@@ -163,12 +173,16 @@ class StopCoordinator:
     def _where(self, step: int | None) -> str:
         return f"step {step} (boundary {self.boundary})" if step is not None else f"boundary {self.boundary}"
 
-    def _agree(self, step: int | None, in_loop: bool) -> tuple[int, bool]:
+    def _started(self) -> Agreement:
         if self.agreement is None:
             raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
+        return self.agreement
+
+    def _agree(self, step: int | None, in_loop: bool) -> tuple[int, bool]:
+        agreement = self._started()
         where = self._where(step)
         self.activity = f"the stop agreement at {where}, which needs all {self.world_size} ranks"
-        vote = self.agreement.decide(self.recorder.signum, self.cadence.propose(), where, in_loop,
+        vote = agreement.decide(self.recorder.signum, self.cadence.propose(), where, in_loop,
                                      self._requeue_received())
         self.activity = f"the next step boundary after {where} (a step, or a collective inside it)"
         self._next_check = self.boundary + vote.interval
@@ -183,6 +197,7 @@ class StopCoordinator:
         self.activity = f"the process to exit after the stop agreed at {self._where(step)}"
         if self.deadline is not None:
             self.deadline.arm(now, "the agreed stop")
+        retire_child_watch()  # every rank now exits on its own: Lightning's launcher must not SIGKILL it
         return True
 
     def _requeue_received(self) -> bool:
@@ -192,11 +207,10 @@ class StopCoordinator:
         """After the agreed stop, every rank reports whether its part of ``what`` (saving the stop
         checkpoint) succeeded; returns the lowest rank on which it failed, or None, on every rank.
         Every rank must call it at the same point: it is also the barrier that ends ``what``."""
-        if self.agreement is None:
-            raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
+        agreement = self._started()
         where = f"the end of {what} at {self._where(step)}"
         self.activity = f"{where}, which needs all {self.world_size} ranks"
-        failed = self.agreement.first_failure(succeeded, where)
+        failed = agreement.first_failure(succeeded, where)
         self.activity = f"the process to exit after {what} at {self._where(step)}"
         return failed
 

@@ -1,0 +1,86 @@
+"""Fabric: a Fabric loop asks the job's coordinator at its own step boundary.
+
+Fabric has no training loop of its own, so the package cannot find the step boundary, and it must not
+take SIGTERM away from a script that never asks: installing the package changes nothing in a Fabric
+script's signal handling. A loop opts in with one call, after ``fabric.launch()``, on every rank::
+
+    from ddp_sigterm.fabric import save_at_stop, unison_stop
+
+    fabric.launch()
+    model, optimizer = fabric.setup(model, optimizer)
+    stop = unison_stop(fabric)            # every rank, same point: records stop signals from here on
+    for step in range(start, max_steps + 1):
+        ...                               # forward, fabric.backward(loss), optimizer.step()
+        if stop.should_stop(step):        # same answer on every rank, at the same step
+            save_at_stop(fabric, path, state)  # fabric.save, checked on every rank
+            raise SystemExit(stop.exit_code)  # 128 + signal: 143 for SIGTERM
+    if stop.decide_now(step):             # a signal after the last agreement is not lost
+        ...
+
+The entry points (``lightning.fabric.callbacks_factory`` and ``lightning_fabric.callbacks_factory``)
+add a :class:`FabricStop` to every Fabric. It holds the settings and the coordinator, and, where it
+helps every script, asking or not: at ``fabric.setup()`` it has the default gloo group destroyed at
+exit (setting ``destroy_at_exit``), since gloo may otherwise abort the exit of a finished run with -6.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from ddp_sigterm.agreement import destroy_default_group_at_exit
+from ddp_sigterm.coordinator import StopCoordinator
+from ddp_sigterm.registration import Integration, acting
+from ddp_sigterm.settings import Settings
+from ddp_sigterm.stop_save import save_in_unison
+
+
+class FabricStop(Integration):
+    """A Fabric callback (any object is one): the settings and the coordinator of one Fabric.
+
+    Pass it to choose settings in code, ``Fabric(callbacks=[FabricStop(max_delay=0.5)])``; the
+    instance the entry point added then steps aside. ``DDP_SIGTERM_*`` variables override arguments.
+    """
+
+    def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
+        super().__init__(settings, **overrides)
+        self.coordinator: StopCoordinator | None = None
+
+    def on_after_setup(self, fabric: Any, module: Any) -> None:
+        """Called by ``fabric.setup()`` on every rank, after the process group exists."""
+        if acting(fabric._callbacks, FabricStop) is self and self.settings.enabled and self.settings.destroy_at_exit and dist.is_available() and dist.is_initialized():
+            destroy_default_group_at_exit()
+
+
+def unison_stop(fabric: Any) -> StopCoordinator:
+    """The started :class:`StopCoordinator` of ``fabric``'s job. Call it after ``fabric.launch()`` on
+    every rank at the same point (starting is a collective); later calls return the same coordinator.
+
+    Settings come from the :class:`FabricStop` passed in ``Fabric(callbacks=...)``, else from the one
+    the entry point added, else (package not installed as a distribution) from the environment. With
+    ``DDP_SIGTERM=0`` the coordinator is inert: no handlers, ``should_stop`` always False."""
+    fabric._validate_launched()  # Fabric's own error when launch() has not run yet
+    holder = acting(fabric._callbacks, FabricStop)
+    if holder is None:
+        holder = FabricStop()
+        fabric._callbacks.append(holder)
+    if holder.coordinator is None:
+        holder.coordinator = StopCoordinator(holder.settings)
+        holder.coordinator.start()
+    return holder.coordinator
+
+
+def save_at_stop(fabric: Any, path: str, state: dict[str, Any]) -> str | None:
+    """``fabric.save(path, state)`` at the agreed stop, on every rank, checked: Fabric writes a
+    temporary file beside ``path``, every rank learns whether the save worked everywhere, then rank 0
+    renames it to ``path`` (:func:`ddp_sigterm.save_in_unison`). A failure anywhere raises
+    :class:`ddp_sigterm.StopError` on every rank — including the ``PermissionError`` that Lightning's
+    own save (2.6.6) reports as success. Returns ``path`` on rank 0, None elsewhere."""
+    return save_in_unison(unison_stop(fabric), lambda partial: fabric.save(partial, state), path,
+                          writer=fabric.is_global_zero)
+
+
+def callbacks_factory() -> list[Any]:
+    """Entry point for ``lightning.fabric.callbacks_factory`` and ``lightning_fabric.callbacks_factory``."""
+    return FabricStop.entry_point()

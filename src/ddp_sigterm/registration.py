@@ -1,0 +1,40 @@
+"""How an integration object (the Trainer callback, the Fabric callback) is configured and chosen:
+its settings from code and the environment, the instance an entry point adds to every Trainer or
+Fabric, and which instance acts when the user passed one as well."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from ddp_sigterm.settings import Settings
+
+T = TypeVar("T", bound="Integration")
+
+
+class Integration:
+    """Base of the integration objects: ``settings`` and whether an entry point added it."""
+
+    def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
+        if settings is not None and overrides:
+            raise TypeError(f"{type(self).__name__} takes either settings or keyword overrides, not both")
+        self.settings = Settings.resolve(**(dataclasses.asdict(settings) if settings is not None else overrides))
+        self.auto_registered = False
+
+    @classmethod
+    def entry_point(cls: type[T]) -> list[T]:
+        """What a ``callbacks_factory`` entry point returns: one auto-registered instance, or none
+        when ``DDP_SIGTERM=0``."""
+        instance = cls()
+        if not instance.settings.enabled:
+            return []
+        instance.auto_registered = True
+        return [instance]
+
+
+def acting(callbacks: Iterable[Any], family: type[T]) -> T | None:
+    """The instance of ``family`` among ``callbacks`` that acts: the first one the user passed,
+    else the one the entry point added."""
+    found = [cb for cb in callbacks if isinstance(cb, family)]
+    return next((cb for cb in found if not cb.auto_registered), found[0] if found else None)

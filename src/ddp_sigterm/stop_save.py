@@ -1,0 +1,81 @@
+"""Saving at the agreed stop, so that every rank learns whether it worked.
+
+A checkpoint written at a stop is written once, by ranks that are about to exit: a failure on one rank
+must not leave the others waiting in a barrier, and a file cut short must never look like a checkpoint
+that resuming would pick. :func:`save_in_unison` gives any framework that: every rank takes part in
+writing a temporary file, every rank learns whether every rank succeeded, and only then does the
+writing rank give the file its final name. Used by the Trainer callback, by
+:func:`ddp_sigterm.fabric.save_at_stop`, and directly by plain torch.distributed loops.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ddp_sigterm.coordinator import StopCoordinator
+
+PARTIAL_NAME = ".ddp_sigterm-partial.ckpt"
+
+
+class StopError(RuntimeError):
+    """Saving the agreed stop checkpoint (or requeueing the job) failed on some rank; every rank
+    raises it, and the message names the rank, the step and the reason."""
+
+
+def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str, *, writer: bool,
+                   step: int | None = None) -> str | None:
+    """At the agreed stop, on every rank: ``write(partial)``, where ``partial`` is a temporary file
+    beside ``path`` (a collective save such as ``fabric.save``, or ``torch.save`` on the writing rank
+    and nothing elsewhere). The writing rank (``writer``: one rank, usually global rank 0) checks the
+    file is there; once every rank reports success, it renames it to ``path``. A failure on any rank raises
+    :class:`StopError` on every rank, naming the rank and the reason. Every rank must call it at the
+    same point; it ends with every rank past the save (it is also the barrier). Returns the final path
+    on the writing rank, None elsewhere. ``step`` (for messages) defaults to the agreed stop's."""
+    if step is None and stop.decision is not None:
+        step = stop.decision.step
+    directory = os.path.dirname(path) or "."
+    partial = os.path.join(directory, PARTIAL_NAME)
+    what = f"saving the stop checkpoint of step {step} in {directory}"
+    stop.activity = what
+    error = None
+    try:
+        write(partial)
+        if writer and not os.path.exists(partial):
+            _raise_why_not_written(partial)
+    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
+        error = caught
+    raise_unless_all_succeeded(stop, error, what, step)
+    final = None
+    try:
+        if writer:
+            os.replace(partial, path)
+            final = path
+    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
+        error = caught
+    raise_unless_all_succeeded(stop, error, f"naming the stop checkpoint of step {step} in {directory}", step)
+    return final
+
+
+def raise_unless_all_succeeded(stop: StopCoordinator, error: Exception | None, what: str, step: int | None) -> None:
+    """Every rank reports whether its part of ``what`` raised ``error``; if it failed anywhere, every
+    rank raises :class:`StopError` (with this rank's own error as the cause, where it has one)."""
+    failed = stop.all_succeeded(error is None, what, step)
+    if failed is None:
+        return
+    if error is not None:
+        raise StopError(f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed: "
+                        f"{type(error).__name__}: {error}") from error
+    raise StopError(f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed on rank "
+                    f"{failed} (its log has the reason)")
+
+
+def _raise_why_not_written(partial: str) -> None:
+    """Lightning (2.6.6) returns from a save that a PermissionError stopped as if it had succeeded
+    (``_atomic_save`` re-raises only EXDEV); find the reason by creating a file where it should be."""
+    probe = os.path.join(os.path.dirname(partial), ".ddp_sigterm-probe")
+    with open(probe, "wb"):  # raises the file system's reason, e.g. PermissionError
+        pass
+    os.remove(probe)
+    raise OSError(f"{partial} is missing after a save that reported no error")

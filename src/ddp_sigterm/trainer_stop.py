@@ -1,0 +1,225 @@
+"""The Trainer callback's behaviour: every rank stops at the same step on a stop signal.
+
+Shared by both Lightning distributions (``lightning_integration`` for ``lightning.pytorch``,
+``pytorch_lightning_integration`` for the standalone ``pytorch_lightning``); Lightning itself is
+not imported here. What it changes in the Trainer it is attached to, for the duration of a run:
+
+* Lightning's SIGTERM notifier (which broadcasts from inside the signal handler in 2.5.2+) is
+  replaced by :meth:`SignalRecorder.record`; Lightning still composes, chains and restores the
+  handlers. ``trainer.received_sigterm`` stays False until the stop is agreed, so Lightning's three
+  raises on the local flag never fire before the agreement.
+* The per-batch broadcast from rank 0 in the training epoch loop (2.5.2+) is switched off.
+* Under SLURM with auto-requeue, Lightning's requeue handler (which saves and runs ``scontrol
+  requeue`` inside the handler) is replaced by the same recorder: the requeue signal stops the job
+  like SIGTERM, and after the stop checkpoint global rank 0 requeues the job, once.
+* At every optimizer-step boundary and every evaluation batch end the coordinator is asked
+  ``should_stop``; at the agreed stop each rank saves ``hpc_ckpt_<N>.ckpt`` (during ``fit``) and
+  raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``. A save
+  or requeue that fails on any rank makes every rank raise :class:`StopError` instead.
+* Evaluation and prediction loops may run a different number of batches per rank (prediction
+  shards without padding): at the first hook after such a loop (``on_*_epoch_end``) each rank
+  waits, still agreeing, until every rank has left it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from ddp_sigterm import slurm
+from ddp_sigterm.coordinator import StopCoordinator
+from ddp_sigterm.registration import Integration, acting
+from ddp_sigterm.settings import Settings
+from ddp_sigterm.stop_save import raise_unless_all_succeeded, save_in_unison
+
+
+@dataclasses.dataclass(frozen=True)
+class Lightning:
+    """What the callback takes from the Lightning it runs in: ``lightning`` (``lightning.pytorch``
+    with ``lightning.fabric``) or the standalone ``pytorch_lightning`` (with ``lightning_fabric``),
+    whose classes are distinct."""
+
+    trainer: type  # its Trainer: the callback refuses the other package's
+    sigterm_exception: type[Exception]
+    slurm_environment: type
+    rank_zero_info: Callable[[str], Any]
+
+
+class TrainerStop(Integration):
+    """The Trainer callback's behaviour, for either Lightning distribution: a subclass adds that
+    distribution's ``Callback`` base and sets :attr:`lightning` (see ``lightning_integration``)."""
+
+    lightning: Lightning
+
+    def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
+        super().__init__(settings, **overrides)
+        self._coordinator: StopCoordinator | None = None
+        self._trainer: Any | None = None
+
+    # -- set-up and tear-down ------------------------------------------------------------------
+    def _steps_aside(self, trainer: Any) -> bool:
+        return not self.settings.enabled or acting(trainer.callbacks, TrainerStop) is not self
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if not isinstance(trainer, self.lightning.trainer):
+            mine = self.lightning.trainer
+            raise TypeError(f"{type(self).__module__}.{type(self).__name__} is for {mine.__module__.split('.')[0]}'s "
+                            f"Trainer, not {type(trainer).__module__.split('.')[0]}'s: use the UnisonStop of "
+                            "ddp_sigterm.lightning_integration (lightning.pytorch) or "
+                            "ddp_sigterm.pytorch_lightning_integration (pytorch_lightning)")
+        if self._steps_aside(trainer):
+            return
+        environment = trainer._accelerator_connector.cluster_environment
+        requeue = environment.requeue_signal if isinstance(environment, self.lightning.slurm_environment) and \
+            environment.auto_requeue else None
+        coordinator = StopCoordinator(self.settings, requeue_signal=requeue)
+        # SIGTERM and SLURM's requeue signal go through Lightning's connector (it chains and
+        # restores); other signals are installed by the recorder once the connector has
+        # registered, in _on_stage_start.
+        coordinator.start(install_handlers=False)
+        self._coordinator, self._trainer = coordinator, trainer
+        connector = trainer._signal_connector
+        connector._sigterm_notifier_fn = coordinator.recorder.record
+        connector._slurm_sigusr_handler_fn = coordinator.recorder.record
+        connector._sigterm_handler_fn = _bypass_log_in_handler
+        if hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor"):
+            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+
+    def _on_stage_start(self, evaluation: bool = False) -> None:
+        if self._coordinator is not None:
+            by_lightning = {signal.SIGTERM, self._coordinator.requeue_signal}
+            extra = tuple(s for s in self._coordinator.settings.signal_numbers if s not in by_lightning)
+            if extra:
+                self._coordinator.recorder.install(extra)
+            if evaluation:  # its batches take their own time (on every rank, at the same point)
+                self._coordinator.restart_cadence()
+
+    def _close(self) -> None:
+        coordinator, trainer = self._coordinator, self._trainer
+        self._coordinator = self._trainer = None
+        if coordinator is not None:
+            coordinator.close()
+        if trainer is not None:
+            for name in ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn", "_sigterm_handler_fn"):
+                trainer._signal_connector.__dict__.pop(name, None)
+            trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._close()
+
+    # -- check points --------------------------------------------------------------------------
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._on_stage_start()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._on_stage_start(evaluation=True)
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._on_stage_start(evaluation=True)
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        self._on_stage_start(evaluation=True)
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.
+        if self._coordinator is not None and not trainer.fit_loop.epoch_loop._should_accumulate():
+            self._check(trainer)
+
+    def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
+        self._check(trainer)
+
+    def on_test_batch_end(self, trainer: Any, *args: Any) -> None:
+        self._check(trainer)
+
+    def on_predict_batch_end(self, trainer: Any, *args: Any) -> None:
+        self._check(trainer)
+
+    # Ranks may leave an evaluation or prediction loop after different numbers of batches.
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer, leaving=True)
+
+    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer, leaving=True)
+
+    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer, leaving=True)
+
+    # A signal after the last check point must not be lost: one final agreement per run.
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer, final=True)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.state.fn != "fit":
+            self._check(trainer, final=True)
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer, final=True)
+
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer, final=True)
+
+    def _check(self, trainer: Any, final: bool = False, leaving: bool = False) -> None:
+        coordinator = self._coordinator
+        if coordinator is None:
+            return
+        step = trainer.global_step
+        if leaving:
+            stop = coordinator.should_stop_on_leaving(step)
+        elif final:
+            stop = coordinator.decide_now(step)
+        else:
+            stop = coordinator.should_stop(step)
+        if not stop:
+            return
+        decision = coordinator.decision
+        assert decision is not None
+        trainer._signal_connector.received_sigterm = True
+        agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
+            agreed += f"; checkpoint saved to {_save_stop_checkpoint(trainer, coordinator, step)}"
+        if decision.requeue:
+            agreed += f"; SLURM job {_requeue(trainer, coordinator, step)} requeued"
+        self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
+        exception = self.lightning.sigterm_exception(decision.exit_code)
+        exception.stop = decision  # type: ignore[attr-defined]
+        raise exception
+
+
+def _no_broadcast() -> None:
+    """Replaces Lightning's per-batch broadcast of rank 0's flag; the agreement decides instead."""
+
+
+def _bypass_log_in_handler(signum: int, frame: Any) -> None:
+    """Replaces Lightning's SLURM SIGTERM handler, which only logs, from inside the signal handler."""
+
+
+def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
+    """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt`` (see :func:`save_in_unison`: a save cut
+    short never leaves a checkpoint that resuming would pick; a failure on any rank raises
+    :class:`StopError` on every rank). Returns the path on rank 0."""
+    connector = trainer._checkpoint_connector
+    path = connector.hpc_save_path(trainer.default_root_dir)  # only rank 0's is used: it renames
+
+    def write(partial: str) -> None:
+        trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), partial)
+
+    return save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
+
+
+def _requeue(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
+    """Global rank 0 runs ``scontrol requeue`` once, after the stop checkpoint; every rank learns the
+    outcome. Returns the job id on rank 0."""
+    error, job = None, None
+    coordinator.activity = "`scontrol requeue` (global rank 0)"
+    try:
+        if trainer.is_global_zero:
+            job = slurm.requeue()
+    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
+        error = caught
+    raise_unless_all_succeeded(coordinator, error, "requeueing the SLURM job", step)
+    return job
