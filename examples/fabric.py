@@ -1,0 +1,79 @@
+"""A Fabric loop with ddp_sigterm: one call gives the loop its stop coordinator.
+
+    python examples/fabric.py --root runs/fabric      # 2 CPU ranks, Fabric's launcher
+    kill -TERM <pid of any rank>                      # every rank stops at the same step, one checkpoint,
+                                                      # exit 143
+    python examples/fabric.py --root runs/fabric      # resumes from that step, finishes, exit 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import time
+
+import lightning as L
+import torch
+
+from ddp_sigterm.fabric import save_at_stop, unison_stop
+
+
+def newest_checkpoint(root: str) -> str | None:
+    steps = [int(m.group(1)) for name in os.listdir(root) if (m := re.fullmatch(r"step-(\d+)\.ckpt", name))]
+    return os.path.join(root, f"step-{max(steps)}.ckpt") if steps else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", default="runs/fabric", help="checkpoints go here")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--step-seconds", type=float, default=0.05)
+    args = parser.parse_args()
+
+    fabric = L.Fabric(accelerator="cpu", strategy="ddp", devices=args.devices)
+    fabric.launch()
+    fabric.seed_everything(0)
+    model = torch.nn.Linear(16, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = fabric.setup(model, optimizer)
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    os.makedirs(args.root, exist_ok=True)
+    if (path := newest_checkpoint(args.root)) is not None:
+        fabric.load(path, state)
+    stop = unison_stop(fabric)  # every rank, same point: stop signals are recorded from here on
+    rank, start = fabric.global_rank, state["step"]
+    print(f"[rank {rank}] pid {os.getpid()}, starting at step {start}", flush=True)
+
+    def save_and_exit(step: int) -> None:
+        path = os.path.join(args.root, f"step-{step}.ckpt")
+        save_at_stop(fabric, path, state)  # fabric.save on every rank; a failure anywhere raises everywhere
+        name = signal.Signals(stop.decision.signum).name
+        print(f"[rank {rank}] stopped at step {step} by {name}, checkpoint {path}, exit {stop.exit_code}", flush=True)
+        raise SystemExit(stop.exit_code)
+
+    generator = torch.Generator().manual_seed(1000 + rank)
+    step = start
+    try:
+        for step in range(start + 1, args.max_steps + 1):
+            time.sleep(args.step_seconds)  # stands in for real work
+            x, y = torch.randn(32, 16, generator=generator), torch.randn(32, 1, generator=generator)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            fabric.backward(loss)
+            optimizer.step()
+            state["step"] = step
+            print(f"[rank {rank}] step {step}", flush=True)
+            if stop.should_stop(step):  # every rank, every step: the same answer everywhere
+                save_and_exit(step)
+        if stop.decide_now(step):  # a signal after the last agreement is not lost
+            save_and_exit(step)
+        print(f"[rank {rank}] finished at step {step}", flush=True)
+    finally:
+        stop.close()
+
+
+if __name__ == "__main__":
+    main()

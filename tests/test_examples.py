@@ -1,0 +1,127 @@
+"""The examples in examples/, run as a user runs them: SIGTERM to a non-zero rank from outside, then
+the same command again. Every rank must report the same stop step, one checkpoint must hold it, the
+job must exit 128 + 15, and the second run must resume from that step and finish with exit 0.
+
+Each example prints ``[rank R] pid P, starting at step S``, ``[rank R] step N`` after every optimizer
+step, and ``[rank R] stopped at step N ...`` or ``[rank R] finished at step N``. The ranks share one
+output file, and an unbuffered ``print`` writes its text and its newline separately, so lines of two
+ranks may run together: the patterns below are not anchored to line starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from harness import PYTHON, Supervised, _signal_pid, free_port, supervise
+
+pytestmark = pytest.mark.scenario
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MUST_FINISH = 180.0
+MAX_STEPS = 60
+SIGNALLED_RANK, SIGNAL_AFTER_STEP = 1, 3
+
+
+def command(example: str, root: Path) -> tuple[str, list[str]]:
+    """(label, argv) for launching ``example`` with 2 ranks, as its docstring says."""
+    args = [str(EXAMPLES / f"{example}.py"), "--root", str(root), "--max-steps", str(MAX_STEPS)]
+    if example == "plain_torch":
+        return "torchrun", [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
+                            "--master-addr=127.0.0.1", *args]
+    return "launcher", [PYTHON, *args]  # Lightning's (Trainer) or Fabric's launcher starts rank 1
+
+
+def run(example: str, out: Path, signal_rank: int | None) -> Supervised:
+    label, argv = command(example, out / "checkpoints")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    for var in ("WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(var, None)
+    sent: list[int] = []
+
+    def signal_rank_after_step(procs) -> None:
+        if signal_rank is None or sent:
+            return
+        text = (out / f"{label}.log").read_text(errors="replace")
+        pid = re.search(rf"\[rank {signal_rank}\] pid (\d+),", text)
+        if pid and re.search(rf"\[rank {signal_rank}\] step {SIGNAL_AFTER_STEP}(?!\d)", text):
+            _signal_pid(int(pid.group(1)), signal.SIGTERM)
+            sent.append(int(pid.group(1)))
+
+    out.mkdir(parents=True, exist_ok=True)
+    # the launcher is rank 0: give the ranks it started time to finish their own exit too
+    result = supervise(out, {label: (argv, env)}, MUST_FINISH, on_poll=signal_rank_after_step, linger=30.0)
+    assert not result.timed_out, f"{example} did not finish in {MUST_FINISH} s\n{tail(result)}"
+    assert not result.left_behind, f"processes {result.left_behind} outlived the launcher by 30 s\n{tail(result)}"
+    if signal_rank is not None:
+        assert sent, f"rank {signal_rank} never reached step {SIGNAL_AFTER_STEP}\n{tail(result)}"
+    return result
+
+
+def tail(result: Supervised) -> str:
+    return "\n".join(result.output().splitlines()[-60:])
+
+
+def per_rank(pattern: str, text: str) -> dict[int, int]:
+    """rank -> the number in the first line matching ``[rank R] <pattern>`` (pattern has one group)."""
+    found: dict[int, int] = {}
+    for rank, number in re.findall(rf"\[rank (\d+)\] {pattern}", text):
+        found.setdefault(int(rank), int(number))
+    return found
+
+
+def steps_done(text: str) -> dict[int, list[int]]:
+    done: dict[int, list[int]] = {}
+    for rank, step in re.findall(r"\[rank (\d+)\] step (\d+)", text):
+        done.setdefault(int(rank), []).append(int(step))
+    return done
+
+
+def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
+    """The checkpoints the stop left, and the step the one checkpoint holds."""
+    if example == "trainer":
+        files = sorted(root.glob("hpc_ckpt_*.ckpt"))
+        key = "global_step"
+    else:
+        files = sorted(p for p in root.iterdir() if re.fullmatch(r"step-\d+\.(pt|ckpt)", p.name))
+        key = "step"
+    assert len(files) == 1, f"expected one checkpoint in {root}, found {files}"
+    return files, torch.load(files[0], map_location="cpu", weights_only=False)[key]
+
+
+@pytest.mark.parametrize("example", ["trainer", "fabric", "plain_torch"])
+def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: str, tmp_path: Path) -> None:
+    stopped = run(example, tmp_path, signal_rank=SIGNALLED_RANK)
+    text, why = stopped.output(), tail(stopped)
+    stops = per_rank(r"stopped at step (\d+)", text)
+    assert sorted(stops) == [0, 1], f"not every rank reported a stop\n{why}"
+    assert len(set(stops.values())) == 1, f"ranks stopped at different steps {stops}\n{why}"
+    (step,) = set(stops.values())
+    assert SIGNAL_AFTER_STEP <= step < MAX_STEPS, f"stopped at {step}\n{why}"
+    done = steps_done(text)
+    assert all(max(done[rank]) == step for rank in (0, 1)), f"a rank went past the stop step\n{why}"
+    if example == "plain_torch":  # torchrun reports its workers' failure; each worker exits 143
+        assert stopped.returncodes["torchrun"] != 0, why
+        assert len(re.findall(r"exitcode\s*:\s*143", text)) >= 1, f"torchrun saw no 143\n{why}"
+    else:
+        assert stopped.returncodes["launcher"] == 128 + signal.SIGTERM, f"exit code {stopped.returncodes}\n{why}"
+    _, held = saved_step(example, tmp_path / "checkpoints")
+    assert held == step, f"the checkpoint holds step {held}, the ranks stopped at {step}\n{why}"
+
+    resumed = run(example, tmp_path, signal_rank=None)
+    text, why = resumed.output(), tail(resumed)
+    assert per_rank(r"pid \d+, starting at step (\d+)", text) == {0: step, 1: step}, f"did not resume\n{why}"
+    assert per_rank(r"finished at step (\d+)", text) == {0: MAX_STEPS, 1: MAX_STEPS}, f"did not finish\n{why}"
+    expected = list(range(step + 1, MAX_STEPS + 1))
+    assert steps_done(text) == {0: expected, 1: expected}, f"the resumed run did not do exactly the rest\n{why}"
+    assert set(resumed.returncodes.values()) == {0}, f"exit code {resumed.returncodes}\n{why}"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))
