@@ -10,10 +10,11 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 # The scenarios marked lightning251, run by the 2.5.1 venv's Python (the version is asserted).
 PYTEST_251 := SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 \
 	$(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
-# The scenarios marked patched, run by the patched Lightning (no ddp_sigterm there; the version is asserted),
-# then the test the patch series adds to Lightning's own suite.
+# The scenarios (and the Trainer example) marked patched, run by the patched Lightning (no ddp_sigterm there;
+# the version is asserted), then the test the patch series adds to Lightning's own suite.
 PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_IMPLEMENTATION=patched \
-	SCENARIO_EXPECT_LIGHTNING=2.6.6+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched tests/test_scenarios.py
+	SCENARIO_EXPECT_LIGHTNING=2.6.6+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched tests/test_scenarios.py \
+	tests/test_examples.py
 PYTEST_LIGHTNING_TEST := $(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider \
 	build/lightning-2.6.6/tests/tests_pytorch/trainer/connectors/test_sigterm_ddp.py
 

@@ -25,6 +25,8 @@ pytestmark = pytest.mark.scenario
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MUST_FINISH = 180.0
 MAX_STEPS = 60
+# "package" (ddp_sigterm installed) or "patched" (a Lightning built from patches/, without ddp_sigterm)
+IMPLEMENTATION = os.environ.get("SCENARIO_IMPLEMENTATION", "package")
 SIGNALLED_RANK, SIGNAL_AFTER_STEP = 1, 3
 
 
@@ -95,10 +97,14 @@ def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
     return files, torch.load(files[0], map_location="cpu", weights_only=False)[key]
 
 
-@pytest.mark.parametrize("example", ["trainer", "fabric", "plain_torch"])
+# The Trainer example never imports ddp_sigterm: it holds for the patched Lightning too (make test-patched).
+@pytest.mark.parametrize("example", [pytest.param("trainer", marks=pytest.mark.patched), "fabric", "plain_torch"])
 def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: str, tmp_path: Path) -> None:
     stopped = run(example, tmp_path, signal_rank=SIGNALLED_RANK)
     text, why = stopped.output(), tail(stopped)
+    if example == "trainer":  # the fix that ran is the one under test
+        registered = "Adding 1 callbacks from entry point 'ddp_sigterm'" in text
+        assert registered == (IMPLEMENTATION == "package"), f"{IMPLEMENTATION}: entry point registered={registered}\n{why}"
     stops = per_rank(r"stopped at step (\d+)", text)
     assert sorted(stops) == [0, 1], f"not every rank reported a stop\n{why}"
     assert len(set(stops.values())) == 1, f"ranks stopped at different steps {stops}\n{why}"
