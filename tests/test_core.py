@@ -140,6 +140,7 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
 def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
     # no deadline: it would end this (pytest) process once the stop has been decided
     coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",), stop_deadline=math.inf))
+    before = signal.getsignal(signal.SIGUSR2)
     coordinator.start()
     try:
         assert [coordinator.should_stop(step) for step in range(3)] == [False, False, False]
@@ -150,6 +151,9 @@ def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
     finally:
         coordinator.close()
         coordinator.close()
+        after = signal.signal(signal.SIGUSR2, before)  # this (pytest) process goes on
+    # after a stop the process is leaving: a late stop signal is ignored, not fatal
+    assert after == signal.SIG_IGN
 
 
 # -- the stop deadline, in a process of its own (it ends the process) ------------------------------
@@ -261,6 +265,7 @@ def test_save_in_unison_names_the_file_only_when_it_was_written(tmp_path) -> Non
     from ddp_sigterm import StopError, save_in_unison
 
     stop = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",), stop_deadline=math.inf))
+    before = signal.getsignal(signal.SIGUSR2)
     stop.start()
     try:
         os.kill(os.getpid(), signal.SIGUSR2)
@@ -277,6 +282,7 @@ def test_save_in_unison_names_the_file_only_when_it_was_written(tmp_path) -> Non
         assert not (tmp_path / "other.ckpt").exists()
     finally:
         stop.close()
+        signal.signal(signal.SIGUSR2, before)
 
 
 def _raise_disk_full(partial: str) -> None:

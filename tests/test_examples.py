@@ -30,17 +30,19 @@ IMPLEMENTATION = os.environ.get("SCENARIO_IMPLEMENTATION", "package")
 SIGNALLED_RANK, SIGNAL_AFTER_STEP = 1, 3
 
 
-def command(example: str, root: Path) -> tuple[str, list[str]]:
-    """(label, argv) for launching ``example`` with 2 ranks, as its docstring says."""
+def command(example: str, launcher: str, root: Path) -> tuple[str, list[str]]:
+    """(label, argv) for launching ``example`` with 2 ranks: by ``torchrun``, or by the script itself
+    (``lightning``: the Trainer's or Fabric's own launcher starts rank 1)."""
     args = [str(EXAMPLES / f"{example}.py"), "--root", str(root), "--max-steps", str(MAX_STEPS)]
-    if example == "plain_torch":
+    if launcher == "torchrun":
         return "torchrun", [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
                             "--master-addr=127.0.0.1", *args]
-    return "launcher", [PYTHON, *args]  # Lightning's (Trainer) or Fabric's launcher starts rank 1
+    return "launcher", [PYTHON, *args]
 
 
-def run(example: str, out: Path, signal_rank: int | None) -> Supervised:
-    label, argv = command(example, out / "checkpoints")
+def run(example: str, launcher: str, out: Path, root: Path, signal_rank: int | None) -> Supervised:
+    """Run the example with its checkpoints in ``root`` and its output in ``out``."""
+    label, argv = command(example, launcher, root)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
     for var in ("WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -98,9 +100,17 @@ def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
 
 
 # The Trainer example never imports ddp_sigterm: it holds for the patched Lightning too (make test-patched).
-@pytest.mark.parametrize("example", [pytest.param("trainer", marks=pytest.mark.patched), "fabric", "plain_torch"])
-def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: str, tmp_path: Path) -> None:
-    stopped = run(example, tmp_path, signal_rank=SIGNALLED_RANK)
+@pytest.mark.parametrize(("example", "launcher"), [
+    pytest.param("trainer", "lightning", marks=pytest.mark.patched),
+    ("trainer", "torchrun"),
+    ("fabric", "lightning"),
+    ("fabric", "torchrun"),
+    ("plain_torch", "torchrun"),
+])
+def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: str, launcher: str,
+                                                                      tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    stopped = run(example, launcher, tmp_path / "stopped", root, signal_rank=SIGNALLED_RANK)
     text, why = stopped.output(), tail(stopped)
     if example == "trainer":  # the fix that ran is the one under test
         registered = "Adding 1 callbacks from entry point 'ddp_sigterm'" in text
@@ -112,15 +122,16 @@ def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: s
     assert SIGNAL_AFTER_STEP <= step < MAX_STEPS, f"stopped at {step}\n{why}"
     done = steps_done(text)
     assert all(max(done[rank]) == step for rank in (0, 1)), f"a rank went past the stop step\n{why}"
-    if example == "plain_torch":  # torchrun reports its workers' failure; each worker exits 143
+    if launcher == "torchrun":  # torchrun reports its workers' exit codes as a failure
         assert stopped.returncodes["torchrun"] != 0, why
-        assert len(re.findall(r"exitcode\s*:\s*143", text)) >= 1, f"torchrun saw no 143\n{why}"
+        codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))
+        assert codes == {"143"}, f"torchrun saw worker exit codes {codes}, not 143\n{why}"
     else:
         assert stopped.returncodes["launcher"] == 128 + signal.SIGTERM, f"exit code {stopped.returncodes}\n{why}"
-    _, held = saved_step(example, tmp_path / "checkpoints")
+    _, held = saved_step(example, root)
     assert held == step, f"the checkpoint holds step {held}, the ranks stopped at {step}\n{why}"
 
-    resumed = run(example, tmp_path, signal_rank=None)
+    resumed = run(example, launcher, tmp_path / "resumed", root, signal_rank=None)
     text, why = resumed.output(), tail(resumed)
     assert per_rank(r"pid \d+, starting at step (\d+)", text) == {0: step, 1: step}, f"did not resume\n{why}"
     assert per_rank(r"finished at step (\d+)", text) == {0: MAX_STEPS, 1: MAX_STEPS}, f"did not finish\n{why}"

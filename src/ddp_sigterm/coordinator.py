@@ -27,7 +27,7 @@ from ddp_sigterm.cadence import Cadence
 from ddp_sigterm.deadline import Deadline
 from ddp_sigterm.launcher_watch import retire_child_watch
 from ddp_sigterm.settings import Settings
-from ddp_sigterm.signals import SignalRecorder
+from ddp_sigterm.signals import SignalRecorder, ignore_until_exit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +93,11 @@ class StopCoordinator:
 
     def close(self) -> None:
         """Restore the signal handlers and destroy the agreement group. Safe to call twice. After a
-        stop the deadline keeps running until the process has exited."""
+        stop the process is leaving: the stop signals are ignored from here on (so a late one cannot
+        change its exit code), and the deadline keeps running until the process has exited."""
         self.recorder.restore()
+        if self.decision is not None:
+            ignore_until_exit(self.recorder.signals)
         if self.decision is None and self.recorder.signum:
             self.activity = "the process to exit: the signal came after the run's last agreement, so no stop was agreed"
         if self.deadline is not None:

@@ -75,6 +75,18 @@ def _blocked_signals(pid: int) -> set[int]:
     return set()
 
 
+def ignore_until_exit(signals: tuple[int, ...]) -> None:
+    """Once a stop has been agreed the process is on its way out with 128 + signal: a later stop
+    signal (torchrun sends SIGTERM to the ranks still running when the first one exits) must not
+    turn that into death by the signal. SIG_IGN, not a Python handler: the interpreter resets Python
+    handlers to SIG_DFL while it finalizes, and the exit of a torch process takes tens of
+    milliseconds after that. The stop deadline still bounds the exit. Main thread only (elsewhere a
+    no-op)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in signals:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 os.register_at_fork(after_in_child=_block_in_forked_child)
 atexit.register(_end_blocking_workers)
 

@@ -178,6 +178,14 @@ class TrainerStop(Integration):
             return
         decision = coordinator.decision
         assert decision is not None
+        # Lightning puts its saved handlers back at teardown, after this callback has closed: for the
+        # stop signals, make that SIG_IGN, so a late signal cannot change the exit code (see
+        # signals.ignore_until_exit).
+        originals = getattr(trainer._signal_connector, "_original_handlers", None)
+        if isinstance(originals, dict):
+            for signum in coordinator.recorder.signals:
+                if signum in originals:
+                    originals[signum] = signal.SIG_IGN
         trainer._signal_connector.received_sigterm = True
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
