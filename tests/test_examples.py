@@ -114,7 +114,8 @@ def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: s
     text, why = stopped.output(), tail(stopped)
     if example == "trainer":  # the fix that ran is the one under test
         registered = "Adding 1 callbacks from entry point 'ddp_sigterm'" in text
-        assert registered == (IMPLEMENTATION == "package"), f"{IMPLEMENTATION}: entry point registered={registered}\n{why}"
+        assert registered == (IMPLEMENTATION == "package"), \
+            f"{IMPLEMENTATION}: the package's entry point registered={registered}\n{why}"
     stops = per_rank(r"stopped at step (\d+)", text)
     assert sorted(stops) == [0, 1], f"not every rank reported a stop\n{why}"
     assert len(set(stops.values())) == 1, f"ranks stopped at different steps {stops}\n{why}"

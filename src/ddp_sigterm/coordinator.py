@@ -186,7 +186,7 @@ class StopCoordinator:
         where = self._where(step)
         self.activity = f"the stop agreement at {where}, which needs all {self.world_size} ranks"
         vote = agreement.decide(self.recorder.signum, self.cadence.propose(), where, in_loop,
-                                     self._requeue_received())
+                                self._requeue_received())
         self.activity = f"the next step boundary after {where} (a step, or a collective inside it)"
         self._next_check = self.boundary + vote.interval
         self._requeue = vote.requeue

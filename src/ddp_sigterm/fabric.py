@@ -49,7 +49,9 @@ class FabricStop(Integration):
 
     def on_after_setup(self, fabric: Any, module: Any) -> None:
         """Called by ``fabric.setup()`` on every rank, after the process group exists."""
-        if acting(fabric._callbacks, FabricStop) is self and self.settings.enabled and self.settings.destroy_at_exit and dist.is_available() and dist.is_initialized():
+        if acting(fabric._callbacks, FabricStop) is not self or not self.settings.enabled:
+            return
+        if self.settings.destroy_at_exit and dist.is_available() and dist.is_initialized():
             destroy_default_group_at_exit()
 
 

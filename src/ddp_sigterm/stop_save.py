@@ -29,8 +29,8 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
     """At the agreed stop, on every rank: ``write(partial)``, where ``partial`` is a temporary file
     beside ``path`` (a collective save such as ``fabric.save``, or ``torch.save`` on the writing rank
     and nothing elsewhere). The writing rank (``writer``: one rank, usually global rank 0) checks the
-    file is there; once every rank reports success, it renames it to ``path``. A failure on any rank raises
-    :class:`StopError` on every rank, naming the rank and the reason. Every rank must call it at the
+    file is there; once every rank reports success, it renames it to ``path``. A failure on any rank
+    raises :class:`StopError` on every rank, naming the rank and the reason. Every rank must call it at the
     same point; it ends with every rank past the save (it is also the barrier). Returns the final path
     on the writing rank, None elsewhere. ``step`` (for messages) defaults to the agreed stop's."""
     if step is None and stop.decision is not None:
