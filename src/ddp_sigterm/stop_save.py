@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ddp_sigterm.coordinator import StopCoordinator
 
 PARTIAL_NAME = ".ddp_sigterm-partial.ckpt"
+T = TypeVar("T")
 
 
 class StopError(RuntimeError):
@@ -39,31 +40,35 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
     partial = os.path.join(directory, PARTIAL_NAME)
     what = f"saving the stop checkpoint of step {step} in {directory}"
     stop.activity = what
-    error = None
-    try:
+
+    def write_and_check() -> None:
         write(partial)
         if writer and not os.path.exists(partial):
             _raise_why_not_written(partial)
-    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
-        error = caught
-    raise_unless_all_succeeded(stop, error, what, step)
-    final = None
+
+    def rename() -> str | None:
+        if not writer:
+            return None
+        os.replace(partial, path)
+        return path
+
+    in_unison(stop, write_and_check, what, step)
+    return in_unison(stop, rename, f"naming the stop checkpoint of step {step} in {directory}", step)
+
+
+def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: int | None) -> T:
+    """Run this rank's part of ``what`` after the agreed stop; every rank then reports whether its
+    part raised, and if it failed anywhere, every rank raises :class:`StopError` (with this rank's own
+    error as the cause, where it has one). Returns ``action()``'s result. Every rank must call it at
+    the same point: it is also the barrier that ends ``what``."""
+    error, result = None, None
     try:
-        if writer:
-            os.replace(partial, path)
-            final = path
+        result = action()
     except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
         error = caught
-    raise_unless_all_succeeded(stop, error, f"naming the stop checkpoint of step {step} in {directory}", step)
-    return final
-
-
-def raise_unless_all_succeeded(stop: StopCoordinator, error: Exception | None, what: str, step: int | None) -> None:
-    """Every rank reports whether its part of ``what`` raised ``error``; if it failed anywhere, every
-    rank raises :class:`StopError` (with this rank's own error as the cause, where it has one)."""
     failed = stop.all_succeeded(error is None, what, step)
     if failed is None:
-        return
+        return result  # type: ignore[return-value]
     if error is not None:
         raise StopError(f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed: "
                         f"{type(error).__name__}: {error}") from error

@@ -32,7 +32,7 @@ from ddp_sigterm import slurm
 from ddp_sigterm.coordinator import StopCoordinator
 from ddp_sigterm.registration import Integration, acting
 from ddp_sigterm.settings import Settings
-from ddp_sigterm.stop_save import raise_unless_all_succeeded, save_in_unison
+from ddp_sigterm.stop_save import in_unison, save_in_unison
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,12 +222,6 @@ def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int)
 def _requeue(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
     """Global rank 0 runs ``scontrol requeue`` once, after the stop checkpoint; every rank learns the
     outcome. Returns the job id on rank 0."""
-    error, job = None, None
     coordinator.activity = "`scontrol requeue` (global rank 0)"
-    try:
-        if trainer.is_global_zero:
-            job = slurm.requeue()
-    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
-        error = caught
-    raise_unless_all_succeeded(coordinator, error, "requeueing the SLURM job", step)
-    return job
+    return in_unison(coordinator, lambda: slurm.requeue() if trainer.is_global_zero else None,
+                     "requeueing the SLURM job", step)
