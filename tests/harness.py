@@ -38,14 +38,17 @@ def free_port() -> int:
 @dataclasses.dataclass
 class OutsideSignal:
     """Send ``signum`` from outside ``delay`` seconds after rank ``rank`` has started training batch
-    ``batch``. ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as SLURM
-    does) or ``"rank:R"`` (the process of rank R only; independent and slurm modes)."""
+    ``batch`` (``phase="then"``: batch ``batch`` of the one-device run that follows a fit, see
+    SCENARIO_THEN). ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as
+    SLURM does) or ``"rank:R"`` (the process of rank R only; independent and slurm modes, and rank 0,
+    the launcher's own process, in lightning mode)."""
 
     rank: int
     batch: int
     targets: str = "all"
     signum: int = signal.SIGTERM
     delay: float = 0.0
+    phase: str = "train"
     sent_at: float | None = None
     reached_at: float | None = None
 
@@ -145,7 +148,7 @@ def run_job(
 
     def send_due_signals(procs: dict[str, subprocess.Popen]) -> None:
         for sig in signals:
-            if sig.reached_at is None and _reached(out, sig.rank, sig.batch):
+            if sig.reached_at is None and _reached(out, sig.rank, sig.batch, sig.phase):
                 sig.reached_at = time.monotonic()
             if sig.sent_at is None and sig.reached_at is not None and time.monotonic() >= sig.reached_at + sig.delay:
                 _send(sig, procs, mode)
@@ -260,9 +263,9 @@ def scontrol_calls(env: dict[str, str]) -> list[str]:
     calls = Path(env["SCONTROL_CALLS"])
     return calls.read_text().splitlines() if calls.exists() else []
 
-def _reached(out: Path, rank: int, batch: int) -> bool:
+def _reached(out: Path, rank: int, batch: int, phase: str = "train") -> bool:
     path = out / f"progress.rank{rank}"
-    return path.exists() and f"train {batch} " in path.read_text()
+    return path.exists() and f"{phase} {batch} " in path.read_text()
 
 
 def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str) -> None:
@@ -272,6 +275,8 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
             # like SLURM: every process of the job step, DataLoader workers included
             for pid in _tree(proc.pid):
                 _signal_pid(pid, outside.signum)
+    elif outside.targets == "rank:0" and mode == "lightning":  # the launcher's own process is rank 0
+        _signal_pid(procs["launcher"].pid, outside.signum)
     elif outside.targets.startswith("rank:"):
         if mode not in ("independent", "slurm"):
             raise ValueError("targets='rank:R' needs one process per rank (independent or slurm mode)")

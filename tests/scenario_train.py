@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -31,6 +32,9 @@ BATCHES = int(ENV.get("SCENARIO_BATCHES", "8"))  # training batches per epoch, p
 VAL_BATCHES = int(ENV.get("SCENARIO_VAL_BATCHES", "4"))  # validation batches per rank
 STEP_SLEEP = float(ENV.get("SCENARIO_STEP_SLEEP", "0.02"))
 VAL_SLEEP = float(ENV.get("SCENARIO_VAL_SLEEP", str(STEP_SLEEP)))  # per evaluation/prediction batch
+# From training batch SCENARIO_SLOW_FROM on, steps sleep SCENARIO_SLOW_SLEEP instead (a data stall, a slower phase).
+SLOW_FROM = int(ENV.get("SCENARIO_SLOW_FROM", "0"))
+SLOW_SLEEP = float(ENV.get("SCENARIO_SLOW_SLEEP", str(STEP_SLEEP)))
 # One more evaluation/prediction sample and no batch limits there: prediction shards its data without
 # padding, so rank 0 then predicts one batch more than the others.
 UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
@@ -46,6 +50,10 @@ ROOT = ENV.get("SCENARIO_ROOT_DIR", OUT)
 # Seconds between two signals this process sends itself in one hook (a save's "second" and "third").
 SIGNAL_GAP = float(ENV.get("SCENARIO_SIGNAL_GAP", "0"))
 LOCK_ROOT = ENV.get("SCENARIO_LOCK_ROOT") == "1"
+# SCENARIO_THEN=test_one_device: after a fit that returned, global rank 0 tests the model with a second,
+# one-device Trainer in the same process, as Lightning's documentation advises after a multi-device fit.
+THEN = ENV.get("SCENARIO_THEN", "")
+assert THEN in ("", "test_one_device"), THEN
 for entry in INJECT:
     assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
 
@@ -70,7 +78,7 @@ class Model(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         injector.at("forward")
-        time.sleep(STEP_SLEEP)
+        time.sleep(SLOW_SLEEP if SLOW_FROM and injector.batch >= SLOW_FROM else STEP_SLEEP)
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -168,6 +176,23 @@ class Injector(Callback):
             os.kill(os.getpid(), signal.Signals[name[0] if name else "SIGTERM"])
 
 
+class ThenProgress(Callback):
+    """Logs the batches of the one-device run (``then <batch>``), where the harness can signal it."""
+
+    def __init__(self, progress) -> None:
+        self.progress = progress
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        self.progress.write(f"then {batch_idx + 1} step {trainer.global_step}\n")
+
+
+def test_on_one_device(model: pl.LightningModule) -> None:
+    one = pl.Trainer(accelerator="cpu", devices=1, num_nodes=1, limit_test_batches=VAL_BATCHES, default_root_dir=ROOT,
+                     enable_progress_bar=False, enable_model_summary=False, logger=False,
+                     callbacks=[ThenProgress(injector.progress)])
+    one.test(model)
+
+
 def lock(path: str) -> None:
     os.chmod(path, 0o555)
     if os.geteuid() == 0:  # root writes anywhere a mode allows nothing; an immutable directory stops it
@@ -184,7 +209,13 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def threads_left(before: set[int]) -> list[str]:
+    """Threads started since ``before`` (idents) and still alive; a DataLoader's queue threads end on their own."""
+    return sorted(t.name for t in threading.enumerate() if t.ident not in before and t.name != "QueueFeederThread")
+
+
 def main() -> None:
+    threads_before = {t.ident for t in threading.enumerate()}
     pl.seed_everything(7, workers=True)
     model = Model()
     trainer = pl.Trainer(
@@ -206,13 +237,19 @@ def main() -> None:
         enable_checkpointing=False,
         callbacks=[injector],
     )
-    outcome: dict = {"pid": os.getpid(), "exception": None, "exit_code": 0, "stop": None}
+    outcome: dict = {"pid": os.getpid(), "exception": None, "exit_code": 0, "stop": None, "then": None}
     started = time.monotonic()
     try:
         if STAGE == "fit":
             trainer.fit(model, ckpt_path="hpc" if ENV.get("SCENARIO_RESUME") == "1" else None)
+            outcome["threads_left"] = threads_left(threads_before)
+            if THEN and trainer.is_global_zero:
+                outcome["then"] = "started"
+                test_on_one_device(model)
+                outcome["then"] = "finished"
         elif STAGE in ("validate", "test", "predict"):
             getattr(trainer, STAGE)(model)
+            outcome["threads_left"] = threads_left(threads_before)
         else:
             raise ValueError(f"unknown SCENARIO_STAGE {STAGE!r}")
     except SystemExit as exit_:

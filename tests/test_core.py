@@ -16,7 +16,7 @@ import torch
 
 from ddp_sigterm import Settings, SettingsError, StopCoordinator, slurm
 from ddp_sigterm.cadence import Cadence
-from ddp_sigterm.deadline import GAVE_UP_EXIT_CODE
+from ddp_sigterm.deadline import GAVE_UP_EXIT_CODE, Deadline
 from ddp_sigterm.signals import SignalRecorder
 
 
@@ -138,9 +138,9 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
 
 # -- the coordinator without a process group ------------------------------------------------------
 def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
-    # no deadline: it would end this (pytest) process once the stop has been decided
-    coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",), stop_deadline=math.inf))
+    coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))
     before = signal.getsignal(signal.SIGUSR2)
+    threads = threading.enumerate()
     coordinator.start()
     try:
         assert [coordinator.should_stop(step) for step in range(3)] == [False, False, False]
@@ -151,20 +151,21 @@ def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
     finally:
         coordinator.close()
         coordinator.close()
-        after = signal.signal(signal.SIGUSR2, before)  # this (pytest) process goes on
-    # after a stop the process is leaving: a late stop signal is ignored, not fatal
-    assert after == signal.SIG_IGN
+    # alone, a process has no peer to wait for and none to be told to leave by: after the stop, its
+    # handlers are its own again and nothing of the coordinator runs (the script may well go on)
+    assert signal.getsignal(signal.SIGUSR2) == before
+    assert threading.enumerate() == threads
 
 
 # -- the stop deadline, in a process of its own (it ends the process) ------------------------------
 # The main thread blocks in os.read, as it would in a collective waiting for a stuck peer; the
 # recording handler runs (PEP 475 retries the read), the stop is never decided.
 _BLOCKED = """
-import os, sys
-from ddp_sigterm import Settings, StopCoordinator
-stop = StopCoordinator(Settings.resolve(environ={}, stop_deadline=float(sys.argv[1])))
-stop.start()
-stop.activity = "a peer that never answers"
+import os, signal, sys
+from ddp_sigterm.deadline import Deadline
+from ddp_sigterm.signals import SignalRecorder
+SignalRecorder((signal.SIGTERM,)).install()
+Deadline(float(sys.argv[1]), (signal.SIGTERM,), "rank 0 of 2", lambda: "a peer that never answers").start()
 print("ready", flush=True)
 os.read(os.pipe()[0], 1)
 """
@@ -193,7 +194,7 @@ def test_deadline_ends_a_blocked_process_with_the_reason(signals: int) -> None:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
     assert child.returncode == GAVE_UP_EXIT_CODE, err
-    assert "ddp_sigterm: rank 0 of 1: " in err and "it was waiting for a peer that never answers" in err, err
+    assert "ddp_sigterm: rank 0 of 2: " in err and "it was waiting for a peer that never answers" in err, err
     if signals < 3:
         assert "did not complete within stop_deadline=2 s of the first SIGTERM" in err
         assert 1.9 < took < 30, took
@@ -244,9 +245,12 @@ def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() 
 
     def train() -> None:
         try:
+            deadline = Deadline(1.0, (signal.SIGTERM,), "rank 0 of 2", lambda: "nothing")
+            deadline.start()
+            assert deadline._thread is None
+            deadline.close()
             coordinator = StopCoordinator(Settings.resolve(environ={}))
             coordinator.start(install_handlers=False)
-            assert coordinator.deadline is not None and coordinator.deadline._thread is None
             assert coordinator.should_stop(0) is False
             coordinator.close()
         except BaseException as error:  # noqa: BLE001 - handed to the test's thread

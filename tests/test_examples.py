@@ -40,11 +40,13 @@ def command(example: str, launcher: str, root: Path) -> tuple[str, list[str]]:
     return "launcher", [PYTHON, *args]
 
 
-def run(example: str, launcher: str, out: Path, root: Path, signal_rank: int | None) -> Supervised:
-    """Run the example with its checkpoints in ``root`` and its output in ``out``."""
+def run(example: str, launcher: str, out: Path, root: Path, signal_rank: int | None,
+        signum: int = signal.SIGTERM, env: dict[str, str] | None = None) -> Supervised:
+    """Run the example with its checkpoints in ``root`` and its output in ``out``; send ``signum`` to
+    ``signal_rank`` after its step 3."""
     label, argv = command(example, launcher, root)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
+           "MASTER_PORT": str(free_port()), **(env or {})}
     for var in ("WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(var, None)
     sent: list[int] = []
@@ -55,7 +57,7 @@ def run(example: str, launcher: str, out: Path, root: Path, signal_rank: int | N
         text = (out / f"{label}.log").read_text(errors="replace")
         pid = re.search(rf"\[rank {signal_rank}\] pid (\d+),", text)
         if pid and re.search(rf"\[rank {signal_rank}\] step {SIGNAL_AFTER_STEP}(?!\d)", text):
-            _signal_pid(int(pid.group(1)), signal.SIGTERM)
+            _signal_pid(int(pid.group(1)), signum)
             sent.append(int(pid.group(1)))
 
     out.mkdir(parents=True, exist_ok=True)
@@ -99,6 +101,28 @@ def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
     return files, torch.load(files[0], map_location="cpu", weights_only=False)[key]
 
 
+def assert_stopped_in_unison(example: str, launcher: str, stopped: Supervised, root: Path, signum: int) -> int:
+    """Both ranks stopped at the same step, none went past it, the job exited 128 + ``signum``, and the
+    one checkpoint holds that step; returns it."""
+    text, why = stopped.output(), tail(stopped)
+    stops = per_rank(r"stopped at step (\d+)", text)
+    assert sorted(stops) == [0, 1], f"not every rank reported a stop\n{why}"
+    assert len(set(stops.values())) == 1, f"ranks stopped at different steps {stops}\n{why}"
+    (step,) = set(stops.values())
+    assert SIGNAL_AFTER_STEP <= step < MAX_STEPS, f"stopped at {step}\n{why}"
+    done = steps_done(text)
+    assert all(max(done[rank]) == step for rank in (0, 1)), f"a rank went past the stop step\n{why}"
+    if launcher == "torchrun":  # torchrun reports its workers' exit codes as a failure
+        assert stopped.returncodes["torchrun"] != 0, why
+        codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))
+        assert codes == {str(128 + signum)}, f"torchrun saw worker exit codes {codes}, not {128 + signum}\n{why}"
+    else:
+        assert stopped.returncodes["launcher"] == 128 + signum, f"exit code {stopped.returncodes}\n{why}"
+    _, held = saved_step(example, root)
+    assert held == step, f"the checkpoint holds step {held}, the ranks stopped at {step}\n{why}"
+    return step
+
+
 # The Trainer example never imports ddp_sigterm: it holds for the patched Lightning too (make test-patched).
 @pytest.mark.parametrize(("example", "launcher"), [
     pytest.param("trainer", "lightning", marks=pytest.mark.patched),
@@ -116,21 +140,7 @@ def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: s
         registered = "Adding 1 callbacks from entry point 'ddp_sigterm'" in text
         assert registered == (IMPLEMENTATION == "package"), \
             f"{IMPLEMENTATION}: the package's entry point registered={registered}\n{why}"
-    stops = per_rank(r"stopped at step (\d+)", text)
-    assert sorted(stops) == [0, 1], f"not every rank reported a stop\n{why}"
-    assert len(set(stops.values())) == 1, f"ranks stopped at different steps {stops}\n{why}"
-    (step,) = set(stops.values())
-    assert SIGNAL_AFTER_STEP <= step < MAX_STEPS, f"stopped at {step}\n{why}"
-    done = steps_done(text)
-    assert all(max(done[rank]) == step for rank in (0, 1)), f"a rank went past the stop step\n{why}"
-    if launcher == "torchrun":  # torchrun reports its workers' exit codes as a failure
-        assert stopped.returncodes["torchrun"] != 0, why
-        codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))
-        assert codes == {"143"}, f"torchrun saw worker exit codes {codes}, not 143\n{why}"
-    else:
-        assert stopped.returncodes["launcher"] == 128 + signal.SIGTERM, f"exit code {stopped.returncodes}\n{why}"
-    _, held = saved_step(example, root)
-    assert held == step, f"the checkpoint holds step {held}, the ranks stopped at {step}\n{why}"
+    step = assert_stopped_in_unison(example, launcher, stopped, root, signal.SIGTERM)
 
     resumed = run(example, launcher, tmp_path / "resumed", root, signal_rank=None)
     text, why = resumed.output(), tail(resumed)
@@ -139,6 +149,20 @@ def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: s
     expected = list(range(step + 1, MAX_STEPS + 1))
     assert steps_done(text) == {0: expected, 1: expected}, f"the resumed run did not do exactly the rest\n{why}"
     assert set(resumed.returncodes.values()) == {0}, f"exit code {resumed.returncodes}\n{why}"
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGUSR1", "SIGUSR2"])
+@pytest.mark.parametrize(("example", "launcher"), [("fabric", "lightning"), ("plain_torch", "torchrun")])
+def test_every_listed_stop_signal_stops_in_unison(example: str, launcher: str, name: str, tmp_path: Path) -> None:
+    """``DDP_SIGTERM_SIGNALS`` lists more stop signals than SIGTERM: each of them, sent to rank 1 alone,
+    stops every rank at the same step with exit code 128 + that signal (not its default action: SIGINT's
+    KeyboardInterrupt, SIGUSR1's and SIGUSR2's death)."""
+    signum = signal.Signals[name]
+    root = tmp_path / "checkpoints"
+    stopped = run(example, launcher, tmp_path / "stopped", root, signal_rank=SIGNALLED_RANK, signum=signum,
+                  env={"DDP_SIGTERM_SIGNALS": "SIGTERM,SIGINT,SIGUSR1,SIGUSR2"})
+    assert_stopped_in_unison(example, launcher, stopped, root, signum)
+    assert f"by {name}" in stopped.output(), tail(stopped)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ assertion message carries each rank's outcome and the tail of every log.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -153,6 +154,17 @@ def test_launchers(tmp_path: Path, mode: str, rank: int) -> None:
     assert_latency(result)
 
 
+@pytest.mark.parametrize("name", ["SIGINT", "SIGUSR1", "SIGUSR2"])
+def test_every_listed_stop_signal_stops_in_unison(tmp_path: Path, name: str) -> None:
+    """``DDP_SIGTERM_SIGNALS`` may list other stop signals: each of them, sent to rank 1 alone at batch 2 of
+    an unchanged script with independently started ranks, stops every rank at the same step with exit
+    128 + that signal, and saves the checkpoint (not SIGINT's KeyboardInterrupt, not death by SIGUSR1/2)."""
+    result = fit(tmp_path, inject=f"1:2:forward:{name}", DDP_SIGTERM_SIGNALS="SIGTERM,SIGINT,SIGUSR1,SIGUSR2")
+    step = assert_unison_stop(result, exit_code=128 + signal.Signals[name])
+    assert_stopped_after(step, 2)
+    assert {o["stop"]["signum"] for o in result.outcomes.values()} == {signal.Signals[name]}, result.describe()
+
+
 @patched
 def test_three_ranks_last_rank_in_backward(tmp_path: Path) -> None:
     result = fit(tmp_path, world_size=3, inject="2:3:backward")
@@ -207,6 +219,22 @@ def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
                  SCENARIO_BATCHES="900")
     step = assert_unison_stop(result)
     assert 250 <= step < 900  # steps take ~3 ms: max_delay allows ~300 more, the end of training is further
+    assert_latency(result)
+
+
+@patched
+def test_stop_bound_holds_when_steps_become_slower(tmp_path: Path) -> None:
+    """600 steps of ~3 ms stretch the cadence to hundreds of steps between agreements; then every step
+    takes 100 times as long, and rank 1 is signalled in the second slow step. Counting steps alone would
+    wait those hundreds of slow steps; the stop must still come within max_delay and two slow steps."""
+    change, slow = 601, 0.25
+    result = fit(tmp_path, inject=f"1:{change + 1}:forward", SCENARIO_STEP_SLEEP="0.001", SCENARIO_SLOW_FROM=str(change),
+                 SCENARIO_SLOW_SLEEP=str(slow), SCENARIO_MAX_STEPS="640", SCENARIO_BATCHES="640")
+    step = assert_unison_stop(result)
+    signalled = change + 1
+    latest = signalled + math.ceil(MAX_DELAY / slow) + 2
+    assert signalled <= step <= latest, f"stopped at step {step}, signalled at {signalled}, bound {latest}\n" \
+                                        f"{result.describe()}"
     assert_latency(result)
 
 
@@ -304,6 +332,40 @@ def test_no_signal_trains_exactly_like_stock_lightning(tmp_path: Path) -> None:
     assert all("UnisonStop" not in o["callbacks"] for o in stock.outcomes.values()), stock.describe()
     assert {o["weights"] for o in ours.outcomes.values()} == {o["weights"] for o in stock.outcomes.values()}
     assert ours.checkpoints() == []
+    # nothing of the fix outlives the run it served: the threads still running after fit are stock's
+    assert {r: o["threads_left"] for r, o in ours.outcomes.items()} == \
+        {r: o["threads_left"] for r, o in stock.outcomes.items()}, (ours.describe(), stock.describe())
+
+
+@patched
+@pytest.mark.parametrize("mode", ["lightning", "independent"])
+@pytest.mark.parametrize("signalled", [False, True], ids=["no-signal", "sigterm-rank0-in-test"])
+def test_one_device_test_after_a_multi_device_fit(tmp_path: Path, mode: str, signalled: bool) -> None:
+    """Lightning's documentation advises testing on one device after a multi-device fit, in the same
+    script: rank 0 then builds a one-device Trainer while the default group still holds both ranks. That
+    Trainer agrees with no one: no signal, it finishes like stock; SIGTERM to rank 0 during its test
+    stops it like any single-process run (143, no checkpoint), while rank 1 has long exited 0."""
+    outside = OutsideSignal(rank=0, batch=2, targets="rank:0", phase="then") if signalled else None
+    result = run_job(tmp_path, mode=mode, timeout=MUST_FINISH, outside=outside,
+                     scenario={"SCENARIO_THEN": "test_one_device", "SCENARIO_VAL_SLEEP": "0.3"})
+    why = result.describe()
+    assert not result.timed_out, f"hung\n{why}"
+    assert sorted(result.outcomes) == [0, 1], why
+    assert result.outcomes[1]["exception"] is None and result.outcomes[1]["global_step"] == 12, why
+    rank0 = result.outcomes[0]
+    rank0_code = result.returncodes["launcher" if mode == "lightning" else "rank0"]
+    if not signalled:
+        assert (rank0["exception"], rank0["then"]) == (None, "finished"), why
+        assert set(result.returncodes.values()) == {0}, why
+        return
+    assert outside.sent_at is not None, why
+    assert (rank0["exception"], rank0["exit_code"], rank0["then"]) == ("SIGTERMException", SIGTERM_EXIT, "started"), why
+    assert rank0_code == SIGTERM_EXIT, why
+    if mode == "independent":
+        assert result.returncodes["rank1"] == 0, why
+    if IMPLEMENTATION == "package":
+        assert rank0["stop"] is not None, why
+    assert result.checkpoints() == [], why
 
 
 def test_opt_out_shows_the_stock_failure(tmp_path: Path) -> None:

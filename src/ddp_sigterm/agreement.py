@@ -27,44 +27,52 @@ class Vote:
     interval: int  # the smallest interval any rank proposed
     anyone_in_loop: bool
     requeue: bool  # some rank recorded the job's requeue signal
+    boundary: int  # the most step boundaries any rank has passed (they differ after loops of uneven length)
 
 
 class Agreement:
     """Cross-rank vote on a stop over a dedicated gloo group.
 
-    Creating it is itself a collective on the default group: every rank must construct it at the
-    same point. Without an initialised default group, or with one rank, it decides locally.
+    Its ranks are those of ``group`` (a ``ProcessGroup``; None: the whole default group), never more:
+    a Trainer, Fabric or loop that runs on fewer ranks than the default group (a one-device test after
+    a multi-device fit, evaluation on a subset) must not start a collective the other ranks never join.
+    Creating it is itself a collective among those ranks: each of them must construct it at the same
+    point (the others need not). With ``distributed=False`` (a one-process Trainer, whatever
+    ``torch.distributed`` says), without an initialised default group, or with one rank, it decides locally.
     """
 
-    def __init__(self, timeout_seconds: float) -> None:
-        self.distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        self.rank = dist.get_rank() if self.distributed else 0
-        self.world_size = dist.get_world_size() if self.distributed else 1
-        self.group = (
-            dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_seconds))
-            if self.distributed
-            else None
-        )
-        self._payload = torch.zeros(4, dtype=torch.int64)
+    def __init__(self, timeout_seconds: float, group: dist.ProcessGroup | None = None,
+                 distributed: bool = True) -> None:
+        self.ranks = members(group) if distributed else ()
+        self.distributed = len(self.ranks) > 1
+        self.rank = self.ranks.index(dist.get_rank()) if self.distributed else 0
+        self.world_size = len(self.ranks) if self.distributed else 1
+        self.group = cpu_group(self.ranks, timeout_seconds) if self.distributed else None
+        self._payload = torch.zeros(5, dtype=torch.int64)
 
-    def decide(self, signum: int, interval: int, where: str, in_loop: bool = True, requeue: bool = False) -> Vote:
+    def decide(self, signum: int, interval: int, where: str, in_loop: bool = True, requeue: bool = False,
+               boundary: int = 0) -> Vote:
         """Agree on a stop.
 
         Contract: every rank calls ``decide`` at the same points, in the same order, and all ranks
         return the same :class:`Vote`: the largest signal number any rank recorded (0 when no rank was
         signalled), so that any rank can trigger the stop; the smallest interval any rank proposed;
         whether any rank is still in its loop (``in_loop``), which lets ranks that left a loop of
-        uneven length keep pairing with those still in it; and whether any rank asks for the job to
-        be requeued. A rank that fails or times out raises :class:`AgreementError` naming ``where``.
+        uneven length keep pairing with those still in it; whether any rank asks for the job to be
+        requeued; and the largest ``boundary`` (step boundaries passed), so that ranks which left a loop
+        of uneven length count alike again. A rank that fails or times out raises
+        :class:`AgreementError` naming ``where``.
         """
         if self.group is None:
-            return Vote(signum, interval, in_loop, requeue)
+            return Vote(signum, interval, in_loop, requeue, boundary)
         self._payload[0] = signum
         self._payload[1] = -interval  # MAX of the negation is the MIN of the proposals
         self._payload[2] = int(in_loop)
         self._payload[3] = int(requeue)
+        self._payload[4] = boundary
         self._all_reduce_max(where)
-        return Vote(int(self._payload[0]), -int(self._payload[1]), bool(self._payload[2]), bool(self._payload[3]))
+        vote = [int(value) for value in self._payload]
+        return Vote(vote[0], -vote[1], bool(vote[2]), bool(vote[3]), vote[4])
 
     def first_failure(self, succeeded: bool, where: str) -> int | None:
         """After a step every rank takes in the stop (saving its checkpoint): the lowest rank on which
@@ -91,6 +99,24 @@ class Agreement:
         if self.group is not None and dist.is_initialized():
             dist.destroy_process_group(self.group)
         self.group = None
+
+
+def members(group: dist.ProcessGroup | None = None) -> tuple[int, ...]:
+    """The global ranks of ``group`` (None: the default group) in group-rank order; empty without an
+    initialised default group. Raises ValueError if this process is not one of them."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ()
+    ranks = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"ddp_sigterm: rank {dist.get_rank()} is not a member of the group it was given {ranks}")
+    return ranks
+
+
+def cpu_group(ranks: tuple[int, ...], timeout_seconds: float) -> dist.ProcessGroup:
+    """A new gloo group of ``ranks``: only they take part in creating it (every one of them must, at
+    the same point), so the ranks outside it never wait for a creation they do not know of."""
+    return dist.new_group(ranks=list(ranks), backend="gloo", timeout=datetime.timedelta(seconds=timeout_seconds),
+                          use_local_synchronization=True)
 
 
 _destroy_registered_by: int | None = None

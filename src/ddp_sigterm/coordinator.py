@@ -22,12 +22,19 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from ddp_sigterm.agreement import Agreement, destroy_default_group_at_exit
+import torch.distributed as dist
+
+from ddp_sigterm.agreement import Agreement, cpu_group, destroy_default_group_at_exit
 from ddp_sigterm.cadence import Cadence
 from ddp_sigterm.deadline import Deadline
+from ddp_sigterm.heartbeat import Heartbeat
 from ddp_sigterm.launcher_watch import retire_child_watch
 from ddp_sigterm.settings import Settings
 from ddp_sigterm.signals import SignalRecorder, ignore_until_exit
+
+
+# Seconds close() waits, beyond one heartbeat period, for the heartbeat to end on a peer that is late.
+_CLOSE_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,16 +58,24 @@ class StopDecision:
 class StopCoordinator:
     """Records stop signals and agrees, across ranks, at which step boundary everyone stops."""
 
-    def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None,
+                 group: dist.ProcessGroup | None = None, distributed: bool = True) -> None:
         """``requeue_signal``: a signal that also asks for the job to be requeued (SLURM's, when the
-        job requeues itself); it stops like the others and sets ``decision.requeue`` on every rank."""
+        job requeues itself); it stops like the others and sets ``decision.requeue`` on every rank.
+
+        ``group``: the ranks that agree, those of the loop this coordinator serves (None: every rank of
+        the default group). ``distributed=False``: this process alone, with no collective at all,
+        whatever ``torch.distributed`` says (a one-device run in a process that also ran a multi-device
+        one)."""
         self.settings = settings if settings is not None else Settings.resolve()
+        self._group, self._distributed = group, distributed
         signals = self.settings.signal_numbers
         if requeue_signal is not None and requeue_signal not in signals:
             signals += (requeue_signal,)
         self.requeue_signal = requeue_signal
         self.recorder = SignalRecorder(signals)
         self.agreement: Agreement | None = None
+        self.heartbeat: Heartbeat | None = None
         self.deadline: Deadline | None = None
         self.decision: StopDecision | None = None
         self.boundary = 0  # step boundaries passed, counted the same way on every rank
@@ -78,10 +93,12 @@ class StopCoordinator:
         if not self.settings.enabled:
             return
         if self.agreement is None:
-            self.agreement = Agreement(self.settings.agreement_timeout)
-            if self.settings.destroy_at_exit and self.agreement.distributed:
-                destroy_default_group_at_exit()
-        if self.deadline is None:
+            self.agreement = Agreement(self.settings.agreement_timeout, self._group, self._distributed)
+            if self.agreement.distributed:
+                self.heartbeat = Heartbeat(cpu_group(self.agreement.ranks, self.settings.agreement_timeout),
+                                           self.settings.max_delay / 2, lambda: bool(self.recorder.signum))
+                self.heartbeat.start()
+        if self.deadline is None and self.agreement.distributed:  # alone, no peer can keep a stop from ending
             self.deadline = Deadline(self.settings.stop_deadline, self.recorder.signals,
                                      f"rank {self.rank} of {self.world_size}", lambda: self.activity)
             self.deadline.start()
@@ -92,17 +109,23 @@ class StopCoordinator:
         self.restart_cadence()  # measure from here, not from construction
 
     def close(self) -> None:
-        """Restore the signal handlers and destroy the agreement group. Safe to call twice. After a
-        stop the process is leaving: the stop signals are ignored from here on (so a late one cannot
-        change its exit code), and the deadline keeps running until the process has exited."""
+        """Restore the signal handlers, end the heartbeat and the deadline's watch, destroy the groups:
+        every rank calls it at the same point, and after a run that did not stop nothing of the
+        coordinator is left in the process. Safe to call twice. After a stop among several ranks the
+        process is leaving: the stop signals are ignored from here on (so a late one, such as torchrun's
+        SIGTERM to the ranks still running, cannot change its exit code), and the deadline keeps running
+        until the process has exited. A process alone leaves nothing behind, stopped or not."""
         self.recorder.restore()
-        if self.decision is not None:
+        if self.decision is not None and self.world_size > 1:
             ignore_until_exit(self.recorder.signals)
         if self.decision is None and self.recorder.signum:
             self.activity = "the process to exit: the signal came after the run's last agreement, so no stop was agreed"
         if self.deadline is not None:
             self.deadline.close()
             self.deadline = None
+        if self.heartbeat is not None:
+            self.heartbeat.close(timeout=self.settings.max_delay + _CLOSE_SECONDS)
+            self.heartbeat = None
         if self.agreement is not None:
             self.agreement.close()
             self.agreement = None
@@ -131,7 +154,8 @@ class StopCoordinator:
             self._signal_boundary = self.boundary
         if self.world_size == 1:
             return self._decide(self.recorder.signum, step, time.monotonic()) if self.recorder.signum else False
-        if self.boundary < self._next_check:
+        requested = self.heartbeat.passing(self.boundary) if self.heartbeat is not None else None
+        if self.boundary < self._next_check and (requested is None or self.boundary < requested):
             return False
         return self.decide_now(step)
 
@@ -186,8 +210,9 @@ class StopCoordinator:
         where = self._where(step)
         self.activity = f"the stop agreement at {where}, which needs all {self.world_size} ranks"
         vote = agreement.decide(self.recorder.signum, self.cadence.propose(), where, in_loop,
-                                self._requeue_received())
+                                self._requeue_received(), self.boundary)
         self.activity = f"the next step boundary after {where} (a step, or a collective inside it)"
+        self.boundary = vote.boundary
         self._next_check = self.boundary + vote.interval
         self._requeue = vote.requeue
         return vote.signum, vote.anyone_in_loop
@@ -200,6 +225,8 @@ class StopCoordinator:
         self.activity = f"the process to exit after the stop agreed at {self._where(step)}"
         if self.deadline is not None:
             self.deadline.arm(now, "the agreed stop")
+        if self.settings.destroy_at_exit and self.world_size > 1:
+            destroy_default_group_at_exit()  # the process is leaving: see Settings.destroy_at_exit
         retire_child_watch()  # every rank now exits on its own: Lightning's launcher must not SIGKILL it
         return True
 

@@ -67,6 +67,7 @@ class Deadline:
         self._reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
         self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        _forget_in_forked_children()
         _watching.add(self)
         self._thread = threading.Thread(target=self._watch, name="ddp_sigterm-deadline", daemon=True)
         self._thread.start()
@@ -78,9 +79,10 @@ class Deadline:
             self._wake()
 
     def close(self) -> None:
-        """Stop watching for signals and give the wakeup fd back. An armed countdown keeps running:
-        after a stop the process is on its way out, and the bound holds until it is gone."""
-        if self._thread is None or self._writer is None:
+        """Stop watching for signals, give the wakeup fd back and end the thread. An armed countdown
+        keeps running: after a stop the process is on its way out, and the bound holds until it is gone."""
+        thread = self._thread
+        if thread is None or self._writer is None:
             return
         _watching.discard(self)
         main = threading.current_thread() is threading.main_thread()
@@ -89,6 +91,7 @@ class Deadline:
         if self.armed_at is None:
             self._closing = True
             self._wake()
+            thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
             if main:  # elsewhere the wakeup fd still points at the writer: keep it open
                 self._writer.close()
                 self._writer = None
@@ -151,6 +154,16 @@ class Deadline:
 
 # Deadlines watching in this process: a forked child must not write into their descriptors.
 _watching: set[Deadline] = set()
+_fork_hook_registered = False
+
+
+def _forget_in_forked_children() -> None:
+    """Register, once per process, the at-fork hook (it cannot be unregistered; it does nothing while
+    no deadline watches)."""
+    global _fork_hook_registered
+    if not _fork_hook_registered:
+        os.register_at_fork(after_in_child=_forget_in_forked_child)
+        _fork_hook_registered = True
 
 
 def _forget_in_forked_child() -> None:
@@ -161,6 +174,3 @@ def _forget_in_forked_child() -> None:
                 if end is not None:
                     end.close()
         _watching.clear()
-
-
-os.register_at_fork(after_in_child=_forget_in_forked_child)

@@ -18,18 +18,14 @@ script's signal handling. A loop opts in with one call, after ``fabric.launch()`
         ...
 
 The entry points (``lightning.fabric.callbacks_factory`` and ``lightning_fabric.callbacks_factory``)
-add a :class:`FabricStop` to every Fabric. It holds the settings and the coordinator, and, where it
-helps every script, asking or not: at ``fabric.setup()`` it has the default gloo group destroyed at
-exit (setting ``destroy_at_exit``), since gloo may otherwise abort the exit of a finished run with -6.
+add a :class:`FabricStop` to every Fabric. It holds the settings and the coordinator, and does nothing
+else: a Fabric script that never calls :func:`unison_stop` runs exactly as without the package.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch.distributed as dist
-
-from ddp_sigterm.agreement import destroy_default_group_at_exit
 from ddp_sigterm.coordinator import StopCoordinator
 from ddp_sigterm.registration import Integration, acting
 from ddp_sigterm.settings import Settings
@@ -47,13 +43,6 @@ class FabricStop(Integration):
         super().__init__(settings, **overrides)
         self.coordinator: StopCoordinator | None = None
 
-    def on_after_setup(self, fabric: Any, module: Any) -> None:
-        """Called by ``fabric.setup()`` on every rank, after the process group exists."""
-        if acting(fabric._callbacks, FabricStop) is not self or not self.settings.enabled:
-            return
-        if self.settings.destroy_at_exit and dist.is_available() and dist.is_initialized():
-            destroy_default_group_at_exit()
-
 
 def unison_stop(fabric: Any) -> StopCoordinator:
     """The started :class:`StopCoordinator` of ``fabric``'s job. Call it after ``fabric.launch()`` on
@@ -68,7 +57,8 @@ def unison_stop(fabric: Any) -> StopCoordinator:
         holder = FabricStop()
         fabric._callbacks.append(holder)
     if holder.coordinator is None:
-        holder.coordinator = StopCoordinator(holder.settings)
+        # the agreement's ranks are this Fabric's: a one-device Fabric agrees with no one
+        holder.coordinator = StopCoordinator(holder.settings, distributed=fabric.world_size > 1)
         holder.coordinator.start()
     return holder.coordinator
 

@@ -56,7 +56,9 @@ class Settings:
 
     max_delay: float = 1.0
     """Upper bound, in seconds, on the time between the first signal on any rank and the agreed stop,
-    for steps shorter than this; a longer step stops at the next step boundary."""
+    for steps shorter than this; a longer step stops at the next step boundary. When steps become
+    slower than the cadence was measured on, the heartbeat (every ``max_delay / 2`` seconds) brings the
+    stop within ``max_delay / 2`` and two or three steps."""
 
     check_budget: float = 0.003
     """Fraction of training time the agreement's own duration may take. The cadence stretches the
@@ -73,15 +75,17 @@ class Settings:
 
     stop_deadline: float = 25.0
     """Seconds from the first stop signal (on a rank that was not signalled: from the agreed stop)
-    within which the process must have exited. Past it the stop is abandoned: the process prints what
+    within which the process of a multi-process run must have exited (a process alone has no peer to
+    wait for, and keeps no deadline). Past it the stop is abandoned: the process prints what
     it was waiting for and exits with code 124 at once, even from inside a collective that waits for a
     stopped or dead peer. The default stays under the common 30 s grace period (Kubernetes, SLURM's
     KillWait) that ends in SIGKILL; raise both for saves that take longer. ``inf`` turns it off."""
 
     destroy_at_exit: bool = True
-    """Destroy the default process group when the process exits (the package's own group is always
-    destroyed). With gloo, a group still alive at interpreter exit sometimes aborts the process
-    ("terminate called without an active exception", exit code -6) after a clean run or stop."""
+    """After an agreed stop of a multi-process run, destroy the default (gloo) process group when the
+    process exits: a gloo group still alive at interpreter exit sometimes aborts the process
+    ("terminate called without an active exception", exit code -6), hiding the stop's exit code. A run
+    that gets no signal is left as stock leaves it (the package's own groups are always destroyed)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):

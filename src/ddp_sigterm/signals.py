@@ -12,6 +12,10 @@ worker, which still ends normally when its loader shuts it down. Other forked ch
 own processes) keep the signals unblocked, as they would without the package. At interpreter exit,
 multiprocessing ends the workers still alive with SIGTERM and then waits for them; for workers that
 block it, the package ends them with SIGKILL first, as their loader would have.
+
+Nothing here acts before a recorder is activated, or after the last one is restored: the at-fork hook
+is registered at the first activation (it cannot be unregistered, and does nothing while no recorder
+is active); the exit function only while a recorder is active or a worker that blocks SIGTERM lives.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ Handler = Callable[[int, "FrameType | None"], Any] | int | None
 
 # Signals recorded by any active recorder of this process; read by the at-fork hook.
 _active_signals: set[int] = set()
-_workers_may_block = False  # a DataLoader may have forked workers that block _active_signals
+_fork_hook_registered = False
 
 
 def _block_in_forked_child() -> None:
@@ -56,11 +60,13 @@ def _forked_by_dataloader() -> bool:
 def _end_blocking_workers() -> None:
     """multiprocessing's exit function sends SIGTERM to daemonic children and joins them: a worker
     that blocks SIGTERM would keep this process from exiting. (Linux: the mask is read from /proc.)"""
-    if not _workers_may_block:
-        return
-    for child in multiprocessing.active_children():
-        if child.daemon and child.pid is not None and signal.SIGTERM in _blocked_signals(child.pid):
-            child.kill()
+    for child in _blocking_workers():
+        child.kill()
+
+
+def _blocking_workers() -> list[multiprocessing.process.BaseProcess]:
+    return [child for child in multiprocessing.active_children()
+            if child.daemon and child.pid is not None and signal.SIGTERM in _blocked_signals(child.pid)]
 
 
 def _blocked_signals(pid: int) -> set[int]:
@@ -87,8 +93,11 @@ def ignore_until_exit(signals: tuple[int, ...]) -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
-os.register_at_fork(after_in_child=_block_in_forked_child)
-atexit.register(_end_blocking_workers)
+def _chains_to(handler: Handler) -> bool:
+    """Whether the recorder calls ``handler`` after recording: a handler someone installed, yes; the
+    signal's default action, no, not even the one Python implements as a function (SIGINT's
+    ``default_int_handler`` raises KeyboardInterrupt): replacing it is the recorder's purpose."""
+    return callable(handler) and handler is not signal.default_int_handler
 
 
 class SignalRecorder:
@@ -119,15 +128,20 @@ class SignalRecorder:
     def _record_and_chain(self, signum: int, frame: FrameType | None) -> None:
         self.record(signum, frame)
         previous = self._previous.get(signum)
-        if callable(previous):
+        if _chains_to(previous):
             previous(signum, frame)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def activate(self) -> None:
-        """Mark the signals as recorded by this process, so that forked children block them."""
-        global _workers_may_block
+        """Mark the signals as recorded by this process, so that forked DataLoader workers block them."""
+        global _fork_hook_registered
+        if not _fork_hook_registered:
+            os.register_at_fork(after_in_child=_block_in_forked_child)
+            _fork_hook_registered = True
         _active_signals.update(self.signals)
-        _workers_may_block = True
+        # after multiprocessing's own exit function, so that it runs first (at most once, however often activated)
+        atexit.unregister(_end_blocking_workers)
+        atexit.register(_end_blocking_workers)
 
     def install(self, signals: tuple[int, ...] | None = None) -> None:
         """Register the recording handler for ``signals`` (default: all of this recorder's),
@@ -148,3 +162,5 @@ class SignalRecorder:
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
         _active_signals.difference_update(self.signals)
+        if not _active_signals and not _blocking_workers():
+            atexit.unregister(_end_blocking_workers)

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import warnings
 from collections.abc import Callable
 from typing import Any
+
+import torch.distributed as dist
 
 from ddp_sigterm import slurm
 from ddp_sigterm.coordinator import StopCoordinator
@@ -69,12 +72,14 @@ class TrainerStop(Integration):
                             f"Trainer, not {type(trainer).__module__.split('.')[0]}'s: use the UnisonStop of "
                             "ddp_sigterm.lightning_integration (lightning.pytorch) or "
                             "ddp_sigterm.pytorch_lightning_integration (pytorch_lightning)")
-        if self._steps_aside(trainer):
+        if self._steps_aside(trainer) or not _same_world(trainer.world_size):
             return
         environment = trainer._accelerator_connector.cluster_environment
         requeue = environment.requeue_signal if isinstance(environment, self.lightning.slurm_environment) and \
             environment.auto_requeue else None
-        coordinator = StopCoordinator(self.settings, requeue_signal=requeue)
+        # The agreement's ranks are the Trainer's: a one-process Trainer (a one-device test after a
+        # multi-device fit, in the same process) agrees with no one, whatever the default group holds.
+        coordinator = StopCoordinator(self.settings, requeue_signal=requeue, distributed=trainer.world_size > 1)
         # SIGTERM and SLURM's requeue signal go through Lightning's connector (it chains and
         # restores); other signals are installed by the recorder once the connector has
         # registered, in _on_stage_start.
@@ -179,10 +184,10 @@ class TrainerStop(Integration):
         decision = coordinator.decision
         assert decision is not None
         # Lightning puts its saved handlers back at teardown, after this callback has closed: for the
-        # stop signals, make that SIG_IGN, so a late signal cannot change the exit code (see
-        # signals.ignore_until_exit).
+        # stop signals of a multi-process run, make that SIG_IGN, so a late signal cannot change the
+        # exit code (see signals.ignore_until_exit).
         originals = getattr(trainer._signal_connector, "_original_handlers", None)
-        if isinstance(originals, dict):
+        if isinstance(originals, dict) and coordinator.world_size > 1:
             for signum in coordinator.recorder.signals:
                 if signum in originals:
                     originals[signum] = signal.SIG_IGN
@@ -196,6 +201,17 @@ class TrainerStop(Integration):
         exception = self.lightning.sigterm_exception(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]
         raise exception
+
+
+def _same_world(world_size: int) -> bool:
+    """A multi-process Trainer runs on the whole default group (Lightning's collectives use it); if the
+    two disagree, stock Lightning's own collectives cannot work either: the callback steps aside."""
+    if world_size == 1 or (dist.is_initialized() and dist.get_world_size() == world_size):
+        return True
+    found = dist.get_world_size() if dist.is_initialized() else "no process group"
+    warnings.warn(f"ddp_sigterm: the Trainer runs on {world_size} processes but the default process group has "
+                  f"{found}: the stop agreement is switched off for this Trainer", stacklevel=2)
+    return False
 
 
 def _no_broadcast() -> None:

@@ -1,0 +1,100 @@
+"""The heartbeat: a stop signal reaches every rank's schedule within a bounded time, however slow the
+steps become.
+
+The cadence counts step boundaries between two agreements: an interval chosen while steps took 1 ms
+spans a hundred boundaries, and if the steps then take 100 ms (a data-loading stall, a slower phase,
+a checkpoint every step) the next agreement comes 10 s later. Counting cannot see that; a clock can,
+but ranks reading their own clocks would disagree on the boundary. So a thread on every rank runs a
+small all-reduce every ``period`` seconds on a gloo group of its own (never waiting for the main
+thread), carrying ``[a stop signal was recorded here, this rank's step boundary, closing]``. When one
+carries a signal, every rank gets the same largest boundary ``B`` and schedules an agreement at
+``B + LEAD``, the same boundary on every rank.
+
+Why every rank learns in time: a rank that reported boundary ``b`` reads the result before it passes
+boundary ``b + LEAD <= B + LEAD`` (it waits there if the result has not arrived; it normally has, a
+boundary or two earlier). The agreement at ``B + LEAD`` then runs as every agreement does, and sees
+the signal. The heartbeat never decides a stop itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+LEAD = 2
+"""Boundaries between the one a rank reports and the one by which it must have read the result."""
+
+
+class Heartbeat:
+    """One rank's part: :meth:`start` on every rank of ``group`` at the same point, then
+    :meth:`passing` at every step boundary, :meth:`close` at the end (every rank, same point)."""
+
+    def __init__(self, group: dist.ProcessGroup, period: float, signalled: Callable[[], bool]) -> None:
+        self.period = period
+        self._group = group
+        self._signalled = signalled
+        self._lock = threading.Lock()  # orders the thread's report against the main thread's boundaries
+        self._boundary = 0  # the main thread's, as of its last passing()
+        self._read_by: int | None = None  # the boundary this rank must not pass before the pending result is in
+        self._arrived = threading.Event()
+        self._requested: int | None = None  # where a heartbeat that carried a signal asked for an agreement
+        self._closing = False
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # why the heartbeat stopped early; the agreements report it too
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._beat, name="ddp_sigterm-heartbeat", daemon=True)
+        self._thread.start()
+
+    def passing(self, boundary: int) -> int | None:
+        """The main thread passes ``boundary``. Returns the boundary at which a heartbeat asked for an
+        agreement (the same on every rank), or None. May wait for a heartbeat result (see module)."""
+        with self._lock:
+            self._boundary = boundary
+            must_read = self._read_by is not None and boundary >= self._read_by
+        if must_read:
+            self._arrived.wait()
+        return self._requested
+
+    def close(self, timeout: float) -> None:
+        """End the heartbeat on every rank: the next one carries "closing", and every rank's thread ends
+        after it; then destroy the group. Waits up to ``timeout`` seconds for this rank's thread (it
+        takes longer only when a peer has stopped answering: the thread and its group are then left to
+        the group's timeout). Safe to call twice."""
+        self._closing = True
+        self._wake.set()
+        if self._thread is None:
+            return
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._thread = None
+            if dist.is_initialized():
+                dist.destroy_process_group(self._group)
+
+    def _beat(self) -> None:
+        report = torch.zeros(3, dtype=torch.int64)
+        while True:
+            with self._lock:
+                reported = self._boundary
+                self._read_by = reported + LEAD
+                self._arrived.clear()
+            report[0], report[1], report[2] = int(self._signalled()), reported, int(self._closing)
+            try:
+                dist.all_reduce(report, op=dist.ReduceOp.MAX, group=self._group)
+            except Exception as error:  # a peer gone or stuck: the next agreement fails and says so
+                self.error = error
+                report.zero_()
+                report[2] = 1
+            with self._lock:
+                if report[0]:
+                    requested = int(report[1]) + LEAD
+                    self._requested = requested if self._requested is None else min(self._requested, requested)
+                self._read_by = None
+                self._arrived.set()
+            if report[2]:
+                return
+            self._wake.wait(self.period)
