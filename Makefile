@@ -18,7 +18,14 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 PYTEST_LIGHTNING_TEST := $(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider \
 	build/lightning-2.6.6/tests/tests_pytorch/trainer/connectors/test_sigterm_ddp.py
 
-.PHONY: test test-unit test-lightning-2.5.1 patched-lightning test-patched soak bench demo clean
+# Lightning's own tests (the release sdist has none), stock and with the package: see tests/upstream_suite.py.
+LIGHTNING_TESTS ?= $(firstword $(wildcard ../shared/upstream/lightning-2.6.5-tests.tar.gz \
+	/work/shared/upstream/lightning-2.6.5-tests.tar.gz))
+LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.py \
+	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
+	tests_pytorch/utilities/test_auto_restart.py
+
+.PHONY: test test-unit test-lightning-2.5.1 test-lightning patched-lightning test-patched soak bench demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV)
@@ -60,6 +67,13 @@ test-unit: $(VENV)/.installed
 
 test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
 	$(PYTEST_251)
+
+# Lightning's tests of the signal connector, callback connector, loops and auto-restart, with the package installed:
+# every test must end as it does on stock Lightning, but for the accepted differences listed in the script.
+test-lightning: $(VENV)/.installed
+	@test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests (lightning-2.6.5-tests.tar.gz) not found in" \
+		"../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; exit 1; }
+	$(VENV)/bin/python tests/upstream_suite.py --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
 
 test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	$(PYTEST_PATCHED)
