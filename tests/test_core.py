@@ -157,6 +157,37 @@ def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
     assert threading.enumerate() == threads
 
 
+_LATE = """
+import os, signal, sys
+from ddp_sigterm import Settings, StopCoordinator
+seen = []
+if sys.argv[1] == "handler":
+    signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))
+coordinator.start()
+assert coordinator.decide_now(1) is False  # the run's last agreement
+os.kill(os.getpid(), signal.SIGUSR2)
+coordinator.close()
+coordinator.close()
+print("went on, handler called", len(seen), "time(s)", flush=True)
+"""
+
+
+@pytest.mark.parametrize("previous", ["default", "handler"])
+def test_a_signal_after_the_last_agreement_is_not_swallowed(previous: str) -> None:
+    """The run ended without a stop, but a stop signal came after its last agreement. With the default
+    action in place before, the process ends by the signal once the coordinator has closed (as without
+    the package); a handler someone installed was called once, when the signal arrived."""
+    done = subprocess.run([sys.executable, "-c", _LATE, previous], capture_output=True, text=True, timeout=60)
+    if previous == "default":
+        assert done.returncode == -signal.SIGUSR2, done
+        assert "SIGUSR2 came after the run's last stop agreement" in done.stderr, done
+        assert "went on" not in done.stdout
+    else:
+        assert done.returncode == 0, done
+        assert "went on, handler called 1 time(s)" in done.stdout, done
+
+
 # -- the stop deadline, in a process of its own (it ends the process) ------------------------------
 # The main thread blocks in os.read, as it would in a collective waiting for a stuck peer; the
 # recording handler runs (PEP 475 retries the read), the stop is never decided.

@@ -137,7 +137,8 @@ def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, 
 @pytest.mark.parametrize("outcome", ["finished", "stopped"])
 def test_exit_codes_every_time(tmp_path: Path, outcome: str) -> None:
     """gloo sometimes aborts at interpreter exit ("terminate called without an active exception", -6)
-    when the default group is still alive; the package destroys it at exit."""
+    when a group is still alive; the package destroys its own groups at the end of every run, and the
+    default group at exit after an agreed stop."""
     expected = 0 if outcome == "finished" else SIGTERM_EXIT
     seen = []
     for run in range(EXIT_CODE_RUNS):

@@ -20,6 +20,9 @@ Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
 from __future__ import annotations
 
 import dataclasses
+import signal
+import sys
+import threading
 import time
 
 import torch.distributed as dist
@@ -30,7 +33,7 @@ from ddp_sigterm.deadline import Deadline
 from ddp_sigterm.heartbeat import Heartbeat
 from ddp_sigterm.launcher_watch import retire_child_watch
 from ddp_sigterm.settings import Settings
-from ddp_sigterm.signals import SignalRecorder, ignore_until_exit
+from ddp_sigterm.signals import SignalRecorder, default_action, ignore_until_exit
 
 
 # Seconds close() waits, beyond one heartbeat period, for the heartbeat to end on a peer that is late.
@@ -108,20 +111,24 @@ class StopCoordinator:
             self.recorder.activate()
         self.restart_cadence()  # measure from here, not from construction
 
-    def close(self) -> None:
+    def close(self, redeliver: bool = True) -> None:
         """Restore the signal handlers, end the heartbeat and the deadline's watch, destroy the groups:
         every rank calls it at the same point, and after a run that did not stop nothing of the
         coordinator is left in the process. Safe to call twice. After a stop among several ranks the
         process is leaving: the stop signals are ignored from here on (so a late one, such as torchrun's
         SIGTERM to the ranks still running, cannot change its exit code), and the deadline keeps running
-        until the process has exited. A process alone leaves nothing behind, stopped or not."""
+        until the process has exited. A process alone leaves nothing behind, stopped or not.
+
+        A stop signal that came after the run's last agreement stopped nothing. With ``redeliver`` (a
+        run that ended normally), if the handler now back is the signal's default action, the signal is
+        raised again, so that it does what it would have done without the package (a handler someone
+        installed was already called when the signal arrived)."""
         self.recorder.restore()
-        if self.decision is not None and self.world_size > 1:
+        stopped, rank = self.decision is not None, self.rank
+        if stopped and self.world_size > 1:
             ignore_until_exit(self.recorder.signals)
-        if self.decision is None and self.recorder.signum:
-            self.activity = "the process to exit: the signal came after the run's last agreement, so no stop was agreed"
         if self.deadline is not None:
-            self.deadline.close()
+            self.deadline.close(keep_armed=stopped)
             self.deadline = None
         if self.heartbeat is not None:
             self.heartbeat.close(timeout=self.settings.max_delay + _CLOSE_SECONDS)
@@ -129,6 +136,13 @@ class StopCoordinator:
         if self.agreement is not None:
             self.agreement.close()
             self.agreement = None
+        late = self.recorder.signum
+        if not stopped and late and redeliver and threading.current_thread() is threading.main_thread() and \
+                default_action(signal.getsignal(late)):
+            self.recorder.signum = 0  # once
+            sys.stderr.write(f"ddp_sigterm: rank {rank}: {signal.Signals(late).name} came after the run's last "
+                             "stop agreement: no stop was agreed; passing it on to the handler it replaced\n")
+            signal.raise_signal(late)
 
     # -- the decision --------------------------------------------------------------------------
     @property

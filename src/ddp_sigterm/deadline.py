@@ -78,9 +78,10 @@ class Deadline:
             self.armed_at, self._why = since, why
             self._wake()
 
-    def close(self) -> None:
+    def close(self, keep_armed: bool = True) -> None:
         """Stop watching for signals, give the wakeup fd back and end the thread. An armed countdown
-        keeps running: after a stop the process is on its way out, and the bound holds until it is gone."""
+        keeps running with ``keep_armed``: after a stop the process is on its way out, and the bound
+        holds until it is gone."""
         thread = self._thread
         if thread is None or self._writer is None:
             return
@@ -88,7 +89,7 @@ class Deadline:
         main = threading.current_thread() is threading.main_thread()
         if main:
             signal.set_wakeup_fd(self._previous_fd)
-        if self.armed_at is None:
+        if self.armed_at is None or not keep_armed:
             self._closing = True
             self._wake()
             thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends

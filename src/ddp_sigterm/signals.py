@@ -93,11 +93,16 @@ def ignore_until_exit(signals: tuple[int, ...]) -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
+def default_action(handler: Handler) -> bool:
+    """Whether ``handler`` is the signal's default action, including the one Python implements as a
+    function (SIGINT's ``default_int_handler`` raises KeyboardInterrupt)."""
+    return handler in (signal.SIG_DFL, None) or handler is signal.default_int_handler
+
+
 def _chains_to(handler: Handler) -> bool:
     """Whether the recorder calls ``handler`` after recording: a handler someone installed, yes; the
-    signal's default action, no, not even the one Python implements as a function (SIGINT's
-    ``default_int_handler`` raises KeyboardInterrupt): replacing it is the recorder's purpose."""
-    return callable(handler) and handler is not signal.default_int_handler
+    signal's default action, no: replacing it is the recorder's purpose."""
+    return callable(handler) and not default_action(handler)
 
 
 class SignalRecorder:

@@ -101,21 +101,23 @@ class TrainerStop(Integration):
             if evaluation:  # its batches take their own time (on every rank, at the same point)
                 self._coordinator.restart_cadence()
 
-    def _close(self) -> None:
+    def _close(self, redeliver: bool) -> None:
         coordinator, trainer = self._coordinator, self._trainer
         self._coordinator = self._trainer = None
-        if coordinator is not None:
-            coordinator.close()
         if trainer is not None:
             for name in ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn", "_sigterm_handler_fn"):
                 trainer._signal_connector.__dict__.pop(name, None)
             trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+        if coordinator is not None:
+            coordinator.close(redeliver)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._close()
+        # after Lightning's own teardown, which put the handlers back: a signal too late for the run's
+        # last agreement goes to them
+        self._close(redeliver=True)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close()
+        self._close(redeliver=False)  # the exception is on its way out; Lightning has not restored the handlers yet
 
     # -- check points --------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
