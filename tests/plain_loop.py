@@ -18,15 +18,33 @@ from ddp_sigterm import StopCoordinator
 ENV = os.environ
 OUT = ENV["SCENARIO_OUT"]
 INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
+# SCENARIO_GROUP_RANKS="0,1": only these ranks train, on a process group of their own, and first run one short
+# loop without a signal (a second coordinator of the same ranks then follows the first); the others idle.
+GROUP_RANKS = [int(r) for r in ENV["SCENARIO_GROUP_RANKS"].split(",")] if ENV.get("SCENARIO_GROUP_RANKS") else None
 
 
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    group = dist.new_group(GROUP_RANKS) if GROUP_RANKS else None  # every rank takes part in making it
+    if GROUP_RANKS and rank not in GROUP_RANKS:
+        with open(os.path.join(OUT, f"outcome.rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "exception": None, "exit_code": 0, "idle": True}, f)
+        dist.destroy_process_group()
+        return
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1), process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    stop = StopCoordinator()
+    if GROUP_RANKS:
+        first = StopCoordinator(group=group)
+        first.start()
+        for step in range(1, 4):
+            assert not first.should_stop(step)
+        assert not first.decide_now(3)
+        first.close()
+        if rank == GROUP_RANKS[-1]:
+            time.sleep(1.0)  # comes to the second loop later than the others: its first groups are gone by then
+    stop = StopCoordinator(group=group)
     stop.start()
     outcome = {"rank": rank, "exception": None, "exit_code": 0, "stop": None, "injected_at": None}
     step = 0
@@ -35,7 +53,7 @@ def main() -> None:
         if rank == 0:
             path = os.path.join(OUT, f"hpc_ckpt_{step}.ckpt")
             torch.save({"global_step": step, "model": model.module.state_dict()}, path)
-        dist.barrier()
+        dist.barrier(group=group)
         outcome.update(exception="SIGTERMException", exit_code=stop.exit_code,
                        stop={k: getattr(stop.decision, k) for k in stop.decision.__dataclass_fields__})
         raise SystemExit(stop.exit_code)

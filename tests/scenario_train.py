@@ -7,6 +7,7 @@ Fault injection is a callback: it sends a signal to this very process at rank R,
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib
 import json
@@ -21,8 +22,34 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 ENV = os.environ
+
+
+class ExitFunctions:
+    """The functions registered with ``atexit`` from here on and not unregistered (atexit cannot list them)."""
+
+    def __init__(self) -> None:
+        self.live: list = []
+        self._register, self._unregister = atexit.register, atexit.unregister
+        atexit.register, atexit.unregister = self.register, self.unregister
+
+    def register(self, func, *args, **kwargs):
+        self.live.append(func)
+        return self._register(func, *args, **kwargs)
+
+    def unregister(self, func) -> None:
+        self.live = [f for f in self.live if f != func]
+        self._unregister(func)
+
+    def names(self) -> list[str]:
+        return sorted(f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', type(f).__name__)}"
+                      for f in self.live)
+
+
 # The Trainer package: lightning.pytorch, or the standalone pytorch_lightning (SCENARIO_LIGHTNING).
 pl = importlib.import_module(ENV.get("SCENARIO_LIGHTNING", "lightning.pytorch"))
+# after Lightning's import (what it registers then depends on the optional packages of the environment),
+# before the Trainer loads the package through its entry point
+exit_functions = ExitFunctions()
 Callback = pl.Callback
 OUT = ENV["SCENARIO_OUT"]
 STAGE = ENV.get("SCENARIO_STAGE", "fit")
@@ -54,6 +81,10 @@ LOCK_ROOT = ENV.get("SCENARIO_LOCK_ROOT") == "1"
 # one-device Trainer in the same process, as Lightning's documentation advises after a multi-device fit.
 THEN = ENV.get("SCENARIO_THEN", "")
 assert THEN in ("", "test_one_device"), THEN
+# SCENARIO_SIGNAL_AHEAD="R:B:N": rank R sends itself SIGTERM at the start of the first training batch >= B at
+# which the fix's next counted agreement is at least N batches ahead (package or patched build; see ahead()).
+AHEAD = [int(v) for v in ENV["SCENARIO_SIGNAL_AHEAD"].split(":")] if ENV.get("SCENARIO_SIGNAL_AHEAD") else None
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 for entry in INJECT:
     assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
 
@@ -134,6 +165,8 @@ class Injector(Callback):
         self.progress = None
         self.sent: set[int] = set()  # indices of INJECT entries already sent
         self.last_sent = 0.0
+        self.ahead: int | None = None  # with SCENARIO_SIGNAL_AHEAD: how far the next agreement was
+        self.signalled_batch: int | None = None
 
     def setup(self, trainer, pl_module, stage):
         self.rank = trainer.global_rank
@@ -145,6 +178,16 @@ class Injector(Callback):
         self.progress.write(f"train {self.batch} step {trainer.global_step} epoch {trainer.current_epoch} "
                             f"idx {batch_idx} lr {lr}\n")
         self.at("batch_start")
+        if AHEAD and self.rank == AHEAD[0] and self.batch >= AHEAD[1] and self.injected_at is None:
+            self.signal_if_far(trainer, AHEAD[2])
+
+    def signal_if_far(self, trainer, boundaries: int) -> None:
+        """SIGTERM now if the fix's count of batches would only agree ``boundaries`` or more batches later."""
+        found = ahead(trainer)
+        if found is not None and found >= boundaries:
+            self.ahead, self.signalled_batch = found, self.batch
+            self.injected_at = time.monotonic()
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.at("optimizer")
@@ -191,6 +234,36 @@ def test_on_one_device(model: pl.LightningModule) -> None:
                      enable_progress_bar=False, enable_model_summary=False, logger=False,
                      callbacks=[ThenProgress(injector.progress)])
     one.test(model)
+
+
+def ahead(trainer) -> int | None:
+    """Training batches until the fix's next agreement by its count of batches (its cadence): the
+    package's coordinator, or the patched Lightning's agreement; None without either."""
+    for callback in trainer.callbacks:
+        coordinator = getattr(callback, "_coordinator", None)
+        if type(callback).__name__ == "UnisonStop" and coordinator is not None:
+            return coordinator._next_check - coordinator.boundary  # it counts at the end of a batch
+    agreement = getattr(trainer._signal_connector, "_sigterm_agreement", None)
+    if agreement is not None and hasattr(agreement, "_next_agreement"):
+        return agreement._next_agreement - agreement._calls + 1  # it counts at the start of a batch
+    return None
+
+
+def left_behind(threads_before: set[int]) -> dict:
+    """What the process holds after a run: threads started since ``threads_before`` (idents), the stop
+    signals' handlers, the wakeup fd and the exit functions registered since the start."""
+    deadline = time.monotonic() + 10
+    while any(t.name == "QueueFeederThread" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a DataLoader's queue threads end on their own, soon after its iterator is collected
+    wakeup = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wakeup)
+    handlers = {}
+    for signum in STOP_SIGNALS:
+        handler = signal.getsignal(signum)
+        handlers[signal.Signals(signum).name] = handler.name if isinstance(handler, signal.Handlers) else \
+            getattr(handler, "__qualname__", type(handler).__name__)
+    return {"threads": threads_left(threads_before), "handlers": handlers, "wakeup_fd": wakeup,
+            "exit_functions": exit_functions.names()}
 
 
 def lock(path: str) -> None:
@@ -242,14 +315,17 @@ def main() -> None:
     try:
         if STAGE == "fit":
             trainer.fit(model, ckpt_path="hpc" if ENV.get("SCENARIO_RESUME") == "1" else None)
-            outcome["threads_left"] = threads_left(threads_before)
             if THEN and trainer.is_global_zero:
                 outcome["then"] = "started"
                 test_on_one_device(model)
                 outcome["then"] = "finished"
         elif STAGE in ("validate", "test", "predict"):
             getattr(trainer, STAGE)(model)
-            outcome["threads_left"] = threads_left(threads_before)
+        elif STAGE == "all":  # back to back, with what each run leaves behind
+            outcome["left_behind"] = {}
+            for stage in ("fit", "validate", "test", "predict"):
+                getattr(trainer, stage)(model)
+                outcome["left_behind"][stage] = left_behind(threads_before)
         else:
             raise ValueError(f"unknown SCENARIO_STAGE {STAGE!r}")
     except SystemExit as exit_:
@@ -268,6 +344,8 @@ def main() -> None:
             global_step=trainer.global_step,
             batches_started=injector.batch,
             injected_at=injector.injected_at,
+            signalled_batch=injector.signalled_batch,
+            ahead=injector.ahead,
             started_at=started,
             ended_at=time.monotonic(),
             weights=weights_digest(model),

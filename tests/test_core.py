@@ -136,6 +136,28 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
         list(loader)
 
 
+def test_importing_the_package_registers_nothing() -> None:
+    """Importing any module of the package defines things and does nothing else: no at-fork hook, no
+    exit function, no thread, no signal handler (they come with a run, and go with it)."""
+    script = (
+        "import atexit, os, signal, threading\n"
+        "registered = []\n"
+        "atexit.register = lambda f, *a, **k: registered.append(f)\n"
+        "os.register_at_fork = lambda **hooks: registered.extend(hooks.values())\n"
+        "handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}\n"
+        "threads = threading.active_count()\n"
+        "import torch, lightning.pytorch, pytorch_lightning  # what they register is theirs\n"
+        "registered.clear()\n"
+        "import ddp_sigterm, ddp_sigterm.fabric, ddp_sigterm.lightning_integration\n"
+        "import ddp_sigterm.pytorch_lightning_integration, ddp_sigterm.heartbeat, ddp_sigterm.deadline\n"
+        "assert registered == [], registered\n"
+        "assert threading.active_count() == threads\n"
+        "assert {s: signal.getsignal(s) for s in handlers} == handlers\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 # -- the coordinator without a process group ------------------------------------------------------
 def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
     coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))

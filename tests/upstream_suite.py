@@ -4,8 +4,8 @@
 Lightning's repository, see ../shared/upstream/README.md), run twice in this project's environment: stock
 (``DDP_SIGTERM=0``, the package switched off) and with the package active, as a user who installed it runs
 Lightning. A test whose outcome differs fails the comparison, unless it is listed as an accepted difference,
-with the reason (docs/how-it-works.md lists them too). Exits 1 on any other difference, or when a run collected
-nothing.
+with the reason (docs/how-it-works.md lists them too); the accepted differences must show (they prove the
+package was active). Exits 1 on any other difference, a missing accepted one, or a run that did not finish.
 
     python tests/upstream_suite.py --archive ../shared/upstream/lightning-2.6.5-tests.tar.gz --into build \\
         tests_pytorch/trainer/connectors/test_signal_connector.py ...
@@ -63,23 +63,36 @@ def unpack(archive: Path, into: Path) -> Path:
 
 
 def run(name: str, tests: Path, files: list[str], env: dict[str, str], out: Path) -> Run:
-    """Run pytest on ``files`` from Lightning's ``tests/`` folder, as Lightning's CI does."""
+    """Run pytest on ``files`` from Lightning's ``tests/`` folder, as Lightning's CI does, with ``env``
+    deciding the package's switch (any other DDP_SIGTERM_* setting of the caller is left out)."""
     report, log = (out / f"{name}.xml").resolve(), (out / f"{name}.log").resolve()
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q",
                f"--timeout={PER_TEST_TIMEOUT}", f"--junitxml={report}", *files]
     report.unlink(missing_ok=True)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DDP_SIGTERM")}
     with open(log, "w") as output:
-        done = subprocess.run(command, cwd=tests, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, stdout=output,
-                              stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
+        try:
+            done = subprocess.run(command, cwd=tests, env={**environ, "OMP_NUM_THREADS": "1", **env}, stdout=output,
+                                  stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT, check=False)
+            returncode = done.returncode
+        except subprocess.TimeoutExpired:
+            returncode = -1
+            output.write(f"\nupstream_suite: pytest did not finish within {RUN_TIMEOUT} s\n")
     finished = report.exists()
-    return Run(name, read_junit(report) if finished else {}, log, done.returncode, finished)
+    return Run(name, read_junit(report, tests) if finished else {}, log, returncode, finished)
 
 
-def read_junit(report: Path) -> dict[str, str]:
+def read_junit(report: Path, tests: Path) -> dict[str, str]:
+    """test id ("<file relative to tests/>::[Class::]name") -> outcome."""
     outcomes = {}
     for case in ElementTree.parse(report).iter("testcase"):
-        module = case.get("classname", "").replace(".", "/").removeprefix("tests/")  # relative to tests/, as given
-        test_id = f"{module}.py::{case.get('name')}"
+        parts = case.get("classname", "").split(".")
+        if parts[0] == tests.name:  # junit names modules from the rootdir, the archive's top folder
+            parts = parts[1:]
+        # the module is the longest prefix that is a file; what follows is a test class
+        cut = next((i for i in range(len(parts), 0, -1) if (tests / Path(*parts[:i])).with_suffix(".py").is_file()),
+                   len(parts))
+        test_id = "::".join(["/".join(parts[:cut]) + ".py", *parts[cut:], case.get("name", "")])
         kinds = {child.tag for child in case}
         outcome = "error" if "error" in kinds else "failed" if "failure" in kinds else \
             "skipped" if "skipped" in kinds else "passed"
@@ -105,7 +118,7 @@ def main() -> int:
     out = args.into / "test-lightning"
     out.mkdir(parents=True, exist_ok=True)
     stock = run("stock", tests, args.files, {"DDP_SIGTERM": "0"}, out)
-    ours = run("with-ddp_sigterm", tests, args.files, {}, out)
+    ours = run("with-ddp_sigterm", tests, args.files, {"DDP_SIGTERM": "1"}, out)
     print(stock.summary())
     print(ours.summary())
     failed = False
@@ -113,7 +126,8 @@ def main() -> int:
         if not run_.finished or not run_.outcomes:
             print(f"error: the {run_.name} run did not finish or collected no test (log: {run_.log})")
             failed = True
-    for test_id, (before, after) in differences(stock, ours).items():
+    found = differences(stock, ours)
+    for test_id, (before, after) in found.items():
         reason = ACCEPTED.get(test_id)
         if reason is not None and before == "passed" and after == "failed":
             print(f"accepted: {test_id}: {before} -> {after} ({reason})")
@@ -121,8 +135,13 @@ def main() -> int:
             print(f"DIFFERENCE: {test_id}: stock {before}, with ddp_sigterm {after} (log: {ours.log})")
             failed = True
     for test_id in ACCEPTED:
-        if test_id not in ours.outcomes:
-            print(f"note: the accepted difference {test_id} did not run")
+        if found.get(test_id) != ("passed", "failed"):
+            print(f"error: the accepted difference {test_id} did not show (stock {stock.outcomes.get(test_id)}, "
+                  f"with ddp_sigterm {ours.outcomes.get(test_id)}): was the package active?")
+            failed = True
+    for test_id, outcome in stock.outcomes.items():
+        if outcome in ("failed", "error") and ours.outcomes.get(test_id) == outcome:
+            print(f"note: {test_id} {outcome} in both runs (log: {stock.log})")
     print("test-lightning: " + ("FAILED" if failed else "passed: no difference but the accepted ones"))
     return 1 if failed else 0
 

@@ -95,9 +95,10 @@ class Agreement:
             ) from error
 
     def close(self) -> None:
-        """Destroy the dedicated group. Every rank calls it at the same point; safe to call twice."""
-        if self.group is not None and dist.is_initialized():
-            dist.destroy_process_group(self.group)
+        """Give the dedicated group back (see :func:`release_cpu_group`). Every rank calls it at the same
+        point; safe to call twice."""
+        if self.group is not None:
+            release_cpu_group(self.group)
         self.group = None
 
 
@@ -112,11 +113,41 @@ def members(group: dist.ProcessGroup | None = None) -> tuple[int, ...]:
     return ranks
 
 
+# Groups over a subset of the default group's ranks, kept for the process's lifetime (see cpu_group), and
+# those of them a coordinator is using.
+_kept: dict[tuple[int, ...], list[dist.ProcessGroup]] = {}
+_lent: list[dist.ProcessGroup] = []
+
+
 def cpu_group(ranks: tuple[int, ...], timeout_seconds: float) -> dist.ProcessGroup:
-    """A new gloo group of ``ranks``: only they take part in creating it (every one of them must, at
-    the same point), so the ranks outside it never wait for a creation they do not know of."""
-    return dist.new_group(ranks=list(ranks), backend="gloo", timeout=datetime.timedelta(seconds=timeout_seconds),
-                          use_local_synchronization=True)
+    """A gloo group of ``ranks`` for the stop's collectives; give it back with :func:`release_cpu_group`.
+
+    Over the whole default group it is a new group, which every rank creates at the same point. Over a
+    subset, only its members take part (the other ranks do not know of it): torch then names the group
+    after its ranks, and a group of the same ranks made again after the first was destroyed would meet
+    the old rendezvous' keys in the store and never connect. So such groups are kept for the process's
+    lifetime and lent, in the order they were made, to the next coordinator of those ranks (its members
+    ask in the same order, so they get the same groups)."""
+    timeout = datetime.timedelta(seconds=timeout_seconds)
+    if len(ranks) == dist.get_world_size():
+        return dist.new_group(backend="gloo", timeout=timeout)
+    kept = _kept.setdefault(ranks, [])
+    group = next((g for g in kept if not any(g is lent for lent in _lent)), None)
+    if group is None:
+        group = dist.new_group(ranks=list(ranks), backend="gloo", timeout=timeout, use_local_synchronization=True)
+        kept.append(group)
+    _lent.append(group)
+    return group
+
+
+def release_cpu_group(group: dist.ProcessGroup) -> None:
+    """Destroy a group of :func:`cpu_group` over the whole default group; keep one over a subset."""
+    for index, lent in enumerate(_lent):
+        if lent is group:
+            del _lent[index]
+            return
+    if dist.is_initialized():
+        dist.destroy_process_group(group)
 
 
 _destroy_registered_by: int | None = None

@@ -36,6 +36,10 @@ from ddp_sigterm.settings import Settings
 from ddp_sigterm.signals import SignalRecorder, default_action, ignore_until_exit
 
 
+HEARTBEAT_SECONDS = 0.5
+"""The heartbeat's period at most (``max_delay / 2`` when smaller): it also bounds how long the first rank to
+end a run waits at ``close()`` for the others' heartbeat to end."""
+
 # Seconds close() waits, beyond one heartbeat period, for the heartbeat to end on a peer that is late.
 _CLOSE_SECONDS = 5.0
 
@@ -98,8 +102,9 @@ class StopCoordinator:
         if self.agreement is None:
             self.agreement = Agreement(self.settings.agreement_timeout, self._group, self._distributed)
             if self.agreement.distributed:
+                period = min(self.settings.max_delay / 2, HEARTBEAT_SECONDS)
                 self.heartbeat = Heartbeat(cpu_group(self.agreement.ranks, self.settings.agreement_timeout),
-                                           self.settings.max_delay / 2, lambda: bool(self.recorder.signum))
+                                           period, lambda: bool(self.recorder.signum))
                 self.heartbeat.start()
         if self.deadline is None and self.agreement.distributed:  # alone, no peer can keep a stop from ending
             self.deadline = Deadline(self.settings.stop_deadline, self.recorder.signals,
@@ -119,10 +124,13 @@ class StopCoordinator:
         SIGTERM to the ranks still running, cannot change its exit code), and the deadline keeps running
         until the process has exited. A process alone leaves nothing behind, stopped or not.
 
-        A stop signal that came after the run's last agreement stopped nothing. With ``redeliver`` (a
-        run that ended normally), if the handler now back is the signal's default action, the signal is
-        raised again, so that it does what it would have done without the package (a handler someone
-        installed was already called when the signal arrived)."""
+        A stop signal that came after the run's last agreement stopped nothing. With ``redeliver``, when
+        no exception is on its way out (``close()`` in a ``finally`` after the loop ended normally) and
+        the handler now back is the signal's default action, the signal is raised again, so that it does
+        what it would have done without the package (a handler someone installed was already called when
+        the signal arrived). The Trainer integration does not redeliver: stock Lightning, whose handler
+        is in place until its teardown, keeps such a signal too."""
+        failing = sys.exc_info()[1] is not None
         self.recorder.restore()
         stopped, rank = self.decision is not None, self.rank
         if stopped and self.world_size > 1:
@@ -131,14 +139,14 @@ class StopCoordinator:
             self.deadline.close(keep_armed=stopped)
             self.deadline = None
         if self.heartbeat is not None:
-            self.heartbeat.close(timeout=self.settings.max_delay + _CLOSE_SECONDS)
+            self.heartbeat.close(timeout=self.heartbeat.period + _CLOSE_SECONDS)
             self.heartbeat = None
         if self.agreement is not None:
             self.agreement.close()
             self.agreement = None
         late = self.recorder.signum
-        if not stopped and late and redeliver and threading.current_thread() is threading.main_thread() and \
-                default_action(signal.getsignal(late)):
+        if not stopped and late and redeliver and not failing and \
+                threading.current_thread() is threading.main_thread() and default_action(signal.getsignal(late)):
             self.recorder.signum = 0  # once
             sys.stderr.write(f"ddp_sigterm: rank {rank}: {signal.Signals(late).name} came after the run's last "
                              "stop agreement: no stop was agreed; passing it on to the handler it replaced\n")
@@ -180,10 +188,10 @@ class StopCoordinator:
             return True
         if not self.settings.enabled:
             return False
-        started = time.monotonic()
+        started, passed = time.monotonic(), self.boundary - self._window_boundary  # before the vote re-syncs it
         signum, _ = self._agree(step, in_loop=True)
         finished = time.monotonic()
-        self.cadence.observe(started - self._window_start, self.boundary - self._window_boundary, finished - started)
+        self.cadence.observe(started - self._window_start, passed, finished - started)
         self._window_start, self._window_boundary = finished, self.boundary
         return self._decide(signum, step, finished) if signum else False
 
@@ -226,6 +234,8 @@ class StopCoordinator:
         vote = agreement.decide(self.recorder.signum, self.cadence.propose(), where, in_loop,
                                 self._requeue_received(), self.boundary)
         self.activity = f"the next step boundary after {where} (a step, or a collective inside it)"
+        if self._signal_boundary is not None:  # boundaries since the signal: count the re-sync's jump too
+            self._signal_boundary += vote.boundary - self.boundary
         self.boundary = vote.boundary
         self._next_check = self.boundary + vote.interval
         self._requeue = vote.requeue

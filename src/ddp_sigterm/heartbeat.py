@@ -24,6 +24,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from ddp_sigterm.agreement import release_cpu_group
+
 LEAD = 2
 """Boundaries between the one a rank reports and the one by which it must have read the result."""
 
@@ -44,7 +46,6 @@ class Heartbeat:
         self._closing = False
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None  # why the heartbeat stopped early; the agreements report it too
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._beat, name="ddp_sigterm-heartbeat", daemon=True)
@@ -62,9 +63,10 @@ class Heartbeat:
 
     def close(self, timeout: float) -> None:
         """End the heartbeat on every rank: the next one carries "closing", and every rank's thread ends
-        after it; then destroy the group. Waits up to ``timeout`` seconds for this rank's thread (it
-        takes longer only when a peer has stopped answering: the thread and its group are then left to
-        the group's timeout). Safe to call twice."""
+        after it; then give the group back (:func:`ddp_sigterm.agreement.release_cpu_group`).
+        Waits up to ``timeout`` seconds for this rank's thread: it takes longer only when a peer has
+        stopped answering, and then the thread, and its group, are left to the group's timeout. Safe to
+        call twice."""
         self._closing = True
         self._wake.set()
         if self._thread is None:
@@ -72,8 +74,7 @@ class Heartbeat:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self._thread = None
-            if dist.is_initialized():
-                dist.destroy_process_group(self._group)
+            release_cpu_group(self._group)
 
     def _beat(self) -> None:
         report = torch.zeros(3, dtype=torch.int64)
@@ -85,8 +86,7 @@ class Heartbeat:
             report[0], report[1], report[2] = int(self._signalled()), reported, int(self._closing)
             try:
                 dist.all_reduce(report, op=dist.ReduceOp.MAX, group=self._group)
-            except Exception as error:  # a peer gone or stuck: the next agreement fails and says so
-                self.error = error
+            except Exception:  # a peer gone or stuck: the next agreement meets the same failure and reports it
                 report.zero_()
                 report[2] = 1
             with self._lock:

@@ -60,11 +60,12 @@ class Settings:
     slower than the cadence was measured on, the heartbeat (every ``max_delay / 2`` seconds) brings the
     stop within ``max_delay / 2`` and two or three steps."""
 
-    check_budget: float = 0.003
+    check_budget: float = 0.001
     """Fraction of training time the agreement's own duration may take. The cadence stretches the
     interval between agreements until the measured duration fits, never beyond ``max_delay``. A
     collective costs a step more than its own duration (threads waking, the next collective
-    disturbed: 2-3 times, measured in docs/benchmarks.md), so 0.3% keeps the whole under 1%."""
+    disturbed: 2-3 times, measured in docs/benchmarks.md): 0.1% keeps the whole well under 1% (0.3%,
+    the default until the heartbeat bounded the stop in time, measured +1.1% at 10 ms steps)."""
 
     agreement_timeout: float = 600.0
     """Seconds one agreement may wait for the slowest rank before it fails with an error naming the

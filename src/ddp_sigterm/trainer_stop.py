@@ -101,7 +101,7 @@ class TrainerStop(Integration):
             if evaluation:  # its batches take their own time (on every rank, at the same point)
                 self._coordinator.restart_cadence()
 
-    def _close(self, redeliver: bool) -> None:
+    def _close(self) -> None:
         coordinator, trainer = self._coordinator, self._trainer
         self._coordinator = self._trainer = None
         if trainer is not None:
@@ -109,15 +109,14 @@ class TrainerStop(Integration):
                 trainer._signal_connector.__dict__.pop(name, None)
             trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
         if coordinator is not None:
-            coordinator.close(redeliver)
+            # a signal after the run's last agreement is kept, as stock Lightning's handler keeps it
+            coordinator.close(redeliver=False)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        # after Lightning's own teardown, which put the handlers back: a signal too late for the run's
-        # last agreement goes to them
-        self._close(redeliver=True)
+        self._close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close(redeliver=False)  # the exception is on its way out; Lightning has not restored the handlers yet
+        self._close()
 
     # -- check points --------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
