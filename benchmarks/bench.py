@@ -30,6 +30,10 @@ from harness import run_job  # noqa: E402
 STOCK_ENV = ROOT / ".venv" / "bin" / "python"  # released Lightning 2.6.6 with the package installed
 PATCHED_ENV = ROOT / ".venv-patched" / "bin" / "python"
 MAX_DELAY = 1.0  # the package's default, and the patch's constant
+# The targets are read on 2 ranks: their cost points get more jobs (--target-reps), each TARGET_LONGER times as
+# long, since the per-job ratios spread by a few points (a median of 5 short jobs is good to about +-1.5 points).
+TARGET_RANKS = 2
+TARGET_LONGER = 4
 LABELS = {"nocheck": "no check", "stock": "stock 2.6.6", "package": "package", "patched": "patched 2.6.6"}
 
 
@@ -40,13 +44,14 @@ def environments() -> dict[str, tuple[Path, list[str]]]:
     return envs
 
 
-def shape(step_ms: float) -> tuple[int, int]:
-    """(block length, rounds) so that a job runs a few seconds whatever the step time."""
+def shape(step_ms: float, longer: int = 1) -> tuple[int, int]:
+    """(block length, rounds) so that a job runs a few seconds whatever the step time; ``longer`` times
+    the rounds for the configuration the targets are read on."""
     if step_ms <= 2:
-        return 40, 8
+        return 40, 8 * longer
     if step_ms <= 20:
-        return 15, 6
-    return 5, 4
+        return 15, 6 * longer
+    return 5, 4 * longer
 
 
 def run(out: Path, python: Path, script: str, ranks: int, env: dict[str, str]):
@@ -61,11 +66,12 @@ def run(out: Path, python: Path, script: str, ranks: int, env: dict[str, str]):
 
 
 # -- per-step cost ----------------------------------------------------------------------------------
-def measure_cost(step_ms: float, ranks: int, reps: int) -> dict[str, dict]:
-    block, rounds = shape(step_ms)
+def measure_cost(step_ms: float, ranks: int, reps: int, longer: int = 1) -> dict[str, dict]:
+    block, rounds = shape(step_ms, longer)
     per_mode: dict[str, dict[str, list[float]]] = {}
+    heartbeats: dict[str, list[dict]] = {}
     for _ in range(reps):
-        for python, modes in environments().values():
+        for name, (python, modes) in environments().items():
             steps = block * len(modes) * (rounds + 1)
             env = {"BENCH_KIND": "cost", "BENCH_STEP": str(step_ms / 1000), "BENCH_STEPS": str(steps),
                    "BENCH_BLOCK": str(block), "BENCH_MODES": ",".join(modes)}
@@ -77,10 +83,20 @@ def measure_cost(step_ms: float, ranks: int, reps: int) -> dict[str, dict]:
                 entry = per_mode.setdefault(mode, {"ms": [], "ratio": []})
                 entry["ms"].append(ms[mode])
                 entry["ratio"].append(ms[mode] / ms["nocheck"])
-    summary = {}
+            # the rank on which the heartbeat cost the most
+            heartbeats.setdefault(name, []).append(max((r["heartbeat"] for r in results.values()),
+                                                       key=lambda h: h["cpu_s"] + h["waited_s"]))
+    summary: dict[str, dict] = {}
     for mode, entry in per_mode.items():  # "nocheck" pools both environments' baselines
         summary[mode] = {"ms": statistics.median(entry["ms"]), "ratio": statistics.median(entry["ratio"]),
                          "ratios": entry["ratio"]}
+    for name, costs in heartbeats.items():
+        summary[name]["heartbeat"] = {key: statistics.median(h[key] for h in costs)
+                                      for key in ("cpu_s", "waited_s", "wall_s")}
+        hb = summary[name]["heartbeat"]
+        print(f"heartbeat, {ranks} ranks, {step_ms:g} ms work: {LABELS[name]}: thread CPU {hb['cpu_s'] * 1000:.1f} ms, "
+              f"main thread waited {hb['waited_s'] * 1000:.1f} ms, of {hb['wall_s']:.1f} s "
+              f"({(hb['cpu_s'] + hb['waited_s']) / hb['wall_s'] * 100:.2f}%)", flush=True)
     return summary
 
 
@@ -185,7 +201,8 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
              "", "## Per-step cost", "",
              "Each job runs its modes in turns, block by block (the same schedule on every rank), and compares",
              "them inside the job: the noise of this machine moves whole jobs by up to ±15%, which medians of",
-             f"separate jobs cannot see through. {args.reps} jobs per environment and step time, environments",
+             f"separate jobs cannot see through. {args.reps} jobs per environment and step time ({args.target_reps} "
+             f"jobs {TARGET_LONGER} times as long at 2 ranks, where the targets are read), environments",
              "alternating; the table gives the median time per step and the median of the per-job ratios to",
              "*no check* (the released Lightning with its per-step broadcast removed and the package opted out).",
              "*patched* is compared with *no check* measured in the patched environment's own jobs.", ""]
@@ -208,6 +225,20 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
             target = 2.0 if step_ms < 5 else 1.0
             lines.append(f"- {step_ms:g} ms: {ratio:+.1f}% — {'holds' if ratio <= target else 'MISSED'} "
                          f"(target +{target:g}%)")
+    lines += ["", "**The heartbeat** (the thread that keeps the stop bound when steps become slower) runs through "
+              "every block of a job, so the ratios above cannot show it. Measured directly instead, per job "
+              "(median of the jobs; the rank where it cost most): the CPU time of its thread, and the time the main "
+              "thread waited for a heartbeat's result at a step boundary, against the job's training time.", "",
+              "| ranks | work per step | fix | thread CPU | main thread waited | of training time |",
+              "|---|---|---|---|---|---|"]
+    for ranks, by_step in costs.items():
+        for step_ms in sorted(by_step):
+            for name in ("package", "patched"):
+                hb = by_step[step_ms].get(name, {}).get("heartbeat")
+                if hb:
+                    lines.append(f"| {ranks} | {step_ms:g} ms | {LABELS[name]} | {hb['cpu_s'] * 1000:.1f} ms | "
+                                 f"{hb['waited_s'] * 1000:.1f} ms | {hb['wall_s']:.1f} s: "
+                                 f"{(hb['cpu_s'] + hb['waited_s']) / hb['wall_s'] * 100:.2f}% |")
     lines += ["", NOTES["findings"], "## Stop latency", "",
               f"SIGTERM to rank 1 at the start of a training batch late in the run (the cadence has settled), "
               f"2 ranks, {args.reps} runs each, medians. *agreed*: signal to the agreed stop (package only: the "
@@ -253,6 +284,8 @@ def load_results(path: Path) -> tuple[dict, dict, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--target-reps", type=int, default=10,
+                        help=f"jobs per point, {TARGET_LONGER} times as long, at the 2-rank cost the targets use")
     parser.add_argument("--steps-ms", default="1,10,100")
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--collective-ranks", default="2,4,8")
@@ -267,7 +300,8 @@ def main() -> None:
     costs: dict[int, dict[float, dict]] = {}
     for ranks in [int(r) for r in args.ranks.split(",")]:
         for step_ms in step_times:
-            summary = measure_cost(step_ms, ranks, args.reps)
+            summary = measure_cost(step_ms, ranks, args.target_reps, longer=TARGET_LONGER) if ranks == TARGET_RANKS else \
+                measure_cost(step_ms, ranks, args.reps)
             costs.setdefault(ranks, {})[step_ms] = summary
             for mode, row in summary.items():
                 print(f"cost, {ranks} ranks{oversubscribed(ranks)}, {step_ms:g} ms work: {LABELS[mode]:14s} "

@@ -16,7 +16,9 @@ see one continuous run of their own steps, as in training.
 Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
 (it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
 to the next one's; a block's first and last steps are dropped (a mode switch falls there).
-Writes ``bench.rank<R>.json``: ``{"durations": {mode: [seconds, ...]}}``.
+Writes ``bench.rank<R>.json``: ``{"durations": {mode: [seconds, ...]}}``, and ``heartbeat``: what the fix's
+heartbeat cost this rank over the whole job (it runs through every block, so the modes' ratios cannot show
+it): the seconds its thread spent on the CPU and the seconds the main thread waited for a heartbeat result.
 
 ``latency``: the environment's own fix with its defaults; rank BENCH_SIGNAL_RANK sends itself
 SIGTERM at the start of training batch BENCH_SIGNAL_BATCH. Writes when the signal was sent, the
@@ -117,6 +119,41 @@ class Modes(Callback):
         return found
 
 
+class HeartbeatCost(Callback):
+    """Times the main thread's waits for heartbeat results and reads the heartbeat thread's CPU clock."""
+
+    THREADS = ("ddp_sigterm-heartbeat", "sigterm-heartbeat")  # the package's, the patch's
+
+    def __init__(self) -> None:
+        self.waited = 0.0
+        self.started = time.perf_counter()
+        self.cost: dict | None = None
+        for module, name in (("ddp_sigterm.heartbeat", "Heartbeat"),
+                             ("lightning.pytorch.trainer.connectors.signal_connector", "_SigtermHeartbeat")):
+            try:
+                kind = getattr(__import__(module, fromlist=[name]), name)
+            except (ImportError, AttributeError):
+                continue
+            passing = kind.passing
+
+            def timed(heartbeat, calls, passing=passing):
+                started = time.perf_counter()
+                try:
+                    return passing(heartbeat, calls)
+                finally:
+                    self.waited += time.perf_counter() - started
+
+            kind.passing = timed
+
+    def on_train_end(self, trainer, pl_module):
+        import threading
+
+        threads = [t for t in threading.enumerate() if t.name in self.THREADS]
+        cpu = sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads if t.ident)
+        self.cost = {"threads": len(threads), "cpu_s": cpu, "waited_s": self.waited,
+                     "wall_s": time.perf_counter() - self.started}
+
+
 class SignalAt(Callback):
     def __init__(self, rank: int, batch: int) -> None:
         self.rank, self.batch, self.sent_at = rank, batch, None
@@ -128,6 +165,7 @@ class SignalAt(Callback):
 
 
 def main() -> None:
+    heartbeat = HeartbeatCost()
     if KIND == "cost":
         probe: Callback = Modes()
     else:
@@ -144,7 +182,7 @@ def main() -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        callbacks=[probe],
+        callbacks=[probe, heartbeat],
         default_root_dir=OUT,
     )
     result: dict = {"lightning": pl.__version__, "callbacks": [type(cb).__name__ for cb in trainer.callbacks]}
@@ -159,6 +197,7 @@ def main() -> None:
     finally:
         if KIND == "cost":
             result["durations"] = probe.durations()
+            result["heartbeat"] = heartbeat.cost
         else:
             result["sent_at"] = probe.sent_at
         with open(os.path.join(OUT, f"bench.rank{trainer.global_rank}.json"), "w") as f:
