@@ -1,7 +1,7 @@
 """One rank of the collective micro-benchmark: the agreement's all-reduce alone, timed.
 
 Started by benchmarks/bench.py (through the test harness, one process per rank). Each rank joins a
-gloo group, runs BENCH_WARMUP all-reduces of three int64 (the agreement's payload), then times
+gloo group, runs BENCH_WARMUP all-reduces of five int64 (the agreement's payload), then times
 BENCH_REPEATS of them, and writes ``collective.rank<R>.json`` with every duration in seconds.
 """
 
@@ -20,7 +20,7 @@ ENV = os.environ
 def main() -> None:
     rank, world = int(ENV["NODE_RANK"]), int(ENV["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    votes = torch.zeros(3, dtype=torch.int64)
+    votes = torch.zeros(5, dtype=torch.int64)
     for _ in range(int(ENV.get("BENCH_WARMUP", "50"))):
         dist.all_reduce(votes, op=dist.ReduceOp.MAX)
     durations = []
