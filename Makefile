@@ -25,7 +25,34 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py
 
-.PHONY: test test-unit test-lightning-2.5.1 test-lightning patched-lightning test-patched soak bench demo clean
+# Lightning's master snapshot (source and tests), unpacked twice into $(UPSTREAM): master/ as it is, master-patched/
+# with the pull requests of $(SERIES_MASTER) applied by git am (its `series` names one folder per pull request, each
+# with its own `series` of .patch files). Both trees are recreated on every run (~2 s): do not work inside them.
+# Each is installed editable in a venv of its own, without ddp_sigterm: see tests/upstream_suite.py.
+# SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
+LIGHTNING_MASTER ?= $(firstword $(wildcard ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \
+	/work/shared/upstream/lightning-master-7f0c3436cd.tar.gz))
+SERIES_MASTER ?= patches/lightning-master
+UPSTREAM := build/upstream
+VENV_UPSTREAM := .venv-upstream
+VENV_UPSTREAM_PATCHED := .venv-upstream-patched
+# Master's tests of the code the series touches; each tree's run takes ~2 min here (the target ~4), so whole folders
+# where they are cheap and files where they are not: connectors/ (up to ~2 min alone, most of it test_data_connector's
+# persistent-workers warning test, kept: DataLoader workers and signals meet) and loops/ whole; the OnExceptionCheckpoint / save_on_exception
+# tests (master has no callbacks/test_on_exception_checkpoint.py: they live in checkpointing/test_model_checkpoint.py,
+# whole, ~15 s, and in trainer/test_trainer.py, whose whole file takes ~90 s, mostly ddp_spawn tests: only its
+# exception tests); test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes
+# are run too.
+UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops tests_pytorch/utilities/test_auto_restart.py \
+	tests_pytorch/models/test_hooks.py tests_pytorch/checkpointing/test_model_checkpoint.py \
+	$(addprefix tests_pytorch/trainer/test_trainer.py::,test_checkpoint_path_input_last_fault_tolerant \
+		test_on_exception_hook test_keyboard_interrupt test_error_handling_all_stages \
+		test_trainer_calls_logger_finalize_on_exception test_trainer_calls_strategy_on_exception \
+		test_trainer_calls_datamodule_on_exception) \
+	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
+
+.PHONY: test test-unit test-lightning-2.5.1 test-lightning test-upstream upstream-trees patched-lightning test-patched \
+	soak bench demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV)
@@ -53,6 +80,31 @@ $(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIE
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt $(PATCHED_WHEEL)
 	touch $@
 
+# make test-upstream's venvs: torch, then the tree editable (the unified `lightning` package: PACKAGE_NAME=lightning)
+# and the test tools of requirements/upstream-test.txt. Built once: the tree's path does not change, so a
+# re-applied series is what they import. $(1): the venv, $(2): the tree.
+define upstream_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-upstream.txt torch
+	PACKAGE_NAME=lightning $(1)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-upstream.txt \
+		-r requirements/upstream-test.txt -e $(CURDIR)/$(2)
+	touch $(1)/.installed
+endef
+
+upstream-trees:
+	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot (lightning-master-7f0c3436cd.tar.gz)" \
+		"not found in ../shared/upstream/: set LIGHTNING_MASTER=<path of the archive>" >&2; exit 1; }
+	$(PYTHON) tests/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) --into $(UPSTREAM)
+
+$(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt $(LIGHTNING_MASTER) \
+		| upstream-trees
+	$(call upstream_venv,$(VENV_UPSTREAM),$(UPSTREAM)/master)
+
+$(VENV_UPSTREAM_PATCHED)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
+		$(LIGHTNING_MASTER) | upstream-trees
+	$(call upstream_venv,$(VENV_UPSTREAM_PATCHED),$(UPSTREAM)/master-patched)
+
 venv: $(VENV)/.installed
 
 patched-lightning: $(VENV_PATCHED)/.installed
@@ -73,7 +125,14 @@ test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
 test-lightning: $(VENV)/.installed
 	@test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests (lightning-2.6.5-tests.tar.gz) not found in" \
 		"../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; exit 1; }
-	$(VENV)/bin/python tests/upstream_suite.py --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
+	$(VENV)/bin/python tests/upstream_suite.py package --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
+
+# Lightning master's own tests, from the unpatched and the patched tree, each with its venv: fails on a test the
+# series breaks, a new test that fails, a test that disappears but with its file, a run that does not finish.
+test-upstream: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHED)/.installed
+	$(PYTHON) tests/upstream_suite.py trees --series $(SERIES_MASTER) --out $(UPSTREAM)/results \
+		--unpatched $(UPSTREAM)/master $(VENV_UPSTREAM)/bin/python \
+		--patched $(UPSTREAM)/master-patched $(VENV_UPSTREAM_PATCHED)/bin/python $(UPSTREAM_TEST_FILES)
 
 test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	$(PYTEST_PATCHED)
@@ -97,4 +156,5 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py
 
 clean:
-	rm -rf $(VENV) .venv-py3.* $(VENV_251) $(VENV_PATCHED) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-py3.* $(VENV_251) $(VENV_PATCHED) $(VENV_UPSTREAM) $(VENV_UPSTREAM_PATCHED) build dist \
+		src/*.egg-info .pytest_cache
