@@ -289,6 +289,8 @@ def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> Non
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     assert child.returncode == 0, out
+    # torch's SIGCHLD handler raising for the killed workers: it cut the kills short (a hang, 1 CI run in ~10)
+    assert "Traceback" not in out, out
 
 
 def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() -> None:

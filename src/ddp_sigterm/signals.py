@@ -60,7 +60,12 @@ def _forked_by_dataloader() -> bool:
 def _end_blocking_workers() -> None:
     """multiprocessing's exit function sends SIGTERM to daemonic children and joins them: a worker
     that blocks SIGTERM would keep this process from exiting. (Linux: the mask is read from /proc.)"""
-    for child in _blocking_workers():
+    workers = _blocking_workers()
+    if workers and threading.current_thread() is threading.main_thread():
+        # torch's SIGCHLD handler raises for a worker ended by a signal: here that is this kill, and the
+        # exception would cut the loop short, leaving a worker that multiprocessing then waits for forever
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in workers:
         child.kill()
 
 
