@@ -65,6 +65,11 @@ def run(out: Path, python: Path, script: str, ranks: int, env: dict[str, str]):
     return job, results
 
 
+def heartbeat_share(cost: dict) -> float:
+    """The heartbeat's cost in percent of training time: its thread's CPU time plus the main thread's waits."""
+    return (cost["cpu_s"] + cost["waited_s"]) / cost["wall_s"] * 100
+
+
 # -- per-step cost ----------------------------------------------------------------------------------
 def measure_cost(step_ms: float, ranks: int, reps: int, longer: int = 1) -> dict[str, dict]:
     block, rounds = shape(step_ms, longer)
@@ -96,7 +101,7 @@ def measure_cost(step_ms: float, ranks: int, reps: int, longer: int = 1) -> dict
         hb = summary[name]["heartbeat"]
         print(f"heartbeat, {ranks} ranks, {step_ms:g} ms work: {LABELS[name]}: thread CPU {hb['cpu_s'] * 1000:.1f} ms, "
               f"main thread waited {hb['waited_s'] * 1000:.1f} ms, of {hb['wall_s']:.1f} s "
-              f"({(hb['cpu_s'] + hb['waited_s']) / hb['wall_s'] * 100:.2f}%)", flush=True)
+              f"({heartbeat_share(hb):.2f}%)", flush=True)
     return summary
 
 
@@ -238,7 +243,7 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
                 if hb:
                     lines.append(f"| {ranks} | {step_ms:g} ms | {LABELS[name]} | {hb['cpu_s'] * 1000:.1f} ms | "
                                  f"{hb['waited_s'] * 1000:.1f} ms | {hb['wall_s']:.1f} s: "
-                                 f"{(hb['cpu_s'] + hb['waited_s']) / hb['wall_s'] * 100:.2f}% |")
+                                 f"{heartbeat_share(hb):.2f}% |")
     lines += ["", NOTES["findings"], "## Stop latency", "",
               f"SIGTERM to rank 1 at the start of a training batch late in the run (the cadence has settled), "
               f"2 ranks, {args.reps} runs each, medians. *agreed*: signal to the agreed stop (package only: the "

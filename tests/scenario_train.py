@@ -252,9 +252,6 @@ def ahead(trainer) -> int | None:
 def left_behind(threads_before: set[int]) -> dict:
     """What the process holds after a run: threads started since ``threads_before`` (idents), the stop
     signals' handlers, the wakeup fd and the exit functions registered since the start."""
-    deadline = time.monotonic() + 10
-    while any(t.name == "QueueFeederThread" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.05)  # a DataLoader's queue threads end on their own, soon after its iterator is collected
     wakeup = signal.set_wakeup_fd(-1)
     signal.set_wakeup_fd(wakeup)
     handlers = {}

@@ -88,14 +88,19 @@ class Run:
         return f"{self.name}: {len(self.outcomes)} tests, {counts}" + (f" ({self.seconds:.0f} s)" if every_count else "")
 
 
+def extract(tar: tarfile.TarFile, into: Path) -> Path:
+    """Unpack ``tar`` (one top folder, as Lightning's archives have) under ``into``; its top folder there."""
+    into.mkdir(parents=True, exist_ok=True)
+    tar.extractall(into, filter="data")
+    return into / tar.getnames()[0].split("/")[0]
+
+
 def unpack(archive: Path, into: Path) -> Path:
-    """The archive's ``tests/`` folder under ``into`` (unpacked once; the archive has one top folder)."""
+    """The archive's ``tests/`` folder under ``into`` (unpacked once)."""
     with tarfile.open(archive) as tar:
-        top = tar.getnames()[0].split("/")[0]
-        tests = into / top / "tests"
+        tests = into / tar.getnames()[0].split("/")[0] / "tests"
         if not tests.is_dir():
-            into.mkdir(parents=True, exist_ok=True)
-            tar.extractall(into, filter="data")
+            extract(tar, into)
     return tests
 
 
@@ -251,9 +256,7 @@ def prepare(args: argparse.Namespace) -> int:
         tree = args.into / name
         shutil.rmtree(tree, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=args.into) as scratch, tarfile.open(args.archive) as tar:
-            top = tar.getnames()[0].split("/")[0]
-            tar.extractall(scratch, filter="data")
-            Path(scratch, top).rename(tree)
+            extract(tar, Path(scratch)).rename(tree)
         checked(git(tree, "init", "-q"), f"git init in {tree}")
         checked(git(tree, "add", "-A"), f"git add in {tree}")
         checked(git(tree, "commit", "-q", "-m", f"Lightning master snapshot ({args.archive.name})", env=date),
@@ -346,12 +349,10 @@ def compare_trees(args: argparse.Namespace) -> int:
         print(f"test files the series adds or changes, run too: {' '.join(added)}")
     selection = [*args.files, *added]
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for name, tree, python in (("unpatched", unpatched_tree, unpatched_python),
-                               ("patched", patched_tree, patched_python)):
-        tests = tree / "tests"
-        # -rR: pytest-rerunfailures names the tests it reran (the junit report does not)
-        runs.append(run(name, tests, present(selection, tests, name), {}, args.out, python=python, options=("-rR",)))
+    sides = (("unpatched", unpatched_tree, unpatched_python), ("patched", patched_tree, patched_python))
+    # -rR: pytest-rerunfailures names the tests it reran (the junit report does not)
+    runs = [run(name, tree / "tests", present(selection, tree / "tests", name), {}, args.out, python=python,
+                options=("-rR",)) for name, tree, python in sides]
     unpatched, patched = runs
     print(unpatched.summary(every_count=True))
     print(patched.summary(every_count=True))
@@ -385,8 +386,7 @@ def compare_trees(args: argparse.Namespace) -> int:
         # a real regression fails again: run the differing tests once more in both trees, and judge those runs
         print(f"running the {len(suspects)} test(s) that passed unpatched and failed patched again, in both trees")
         again = [run(f"{name}-again", tree / "tests", list(suspects), {}, args.out, python=python, options=("-rR",))
-                 for name, tree, python in (("unpatched", unpatched_tree, unpatched_python),
-                                            ("patched", patched_tree, patched_python))]
+                 for name, tree, python in sides]
         failed = unfinished(*again) or failed
         for test_id, verdict in suspects.items():
             before, after = again[0].outcomes.get(test_id), again[1].outcomes.get(test_id)
