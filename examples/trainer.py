@@ -5,7 +5,10 @@
                                                             # hpc_ckpt_<N>.ckpt is saved, exit 143
     python examples/trainer.py --root runs/trainer          # resumes from step N, finishes, exit 0
 
-Under torchrun or srun, pass ``--devices``/``--num-nodes`` as for any Lightning script.
+Under torchrun or srun, pass ``--devices``/``--num-nodes`` as for any Lightning script. With a Lightning that stops
+every rank at the same step by itself (the patched build, without ddp_sigterm), pass
+``--on-exception-checkpoint``: Lightning's ``OnExceptionCheckpoint`` then saves the stop
+(``<root>/on_exception.ckpt``), and the next run resumes from it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import time
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -58,16 +62,21 @@ def main() -> None:
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--step-seconds", type=float, default=0.05)
+    parser.add_argument("--on-exception-checkpoint", action="store_true",
+                        help="save the stop with Lightning's OnExceptionCheckpoint (a Lightning without ddp_sigterm)")
     args = parser.parse_args()
 
     pl.seed_everything(0)
     data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
+    stop_checkpoint = [OnExceptionCheckpoint(args.root)] if args.on_exception_checkpoint else []
     trainer = pl.Trainer(accelerator="cpu", strategy="ddp", devices=args.devices, num_nodes=args.num_nodes,
-                         max_steps=args.max_steps, default_root_dir=args.root, callbacks=[Progress()],
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         max_steps=args.max_steps, default_root_dir=args.root, callbacks=[Progress(), *stop_checkpoint],
+                         logger=False, enable_checkpointing=args.on_exception_checkpoint, enable_progress_bar=False,
                          enable_model_summary=False)
     # A stop saves <root>/hpc_ckpt_<N>.ckpt; "hpc" resumes from the newest one.
     resume = "hpc" if glob.glob(os.path.join(args.root, "hpc_ckpt_*.ckpt")) else None
+    if args.on_exception_checkpoint and os.path.exists(os.path.join(args.root, "on_exception.ckpt")):
+        resume = os.path.join(args.root, "on_exception.ckpt")
     trainer.fit(Regression(args.step_seconds), DataLoader(data, batch_size=32), ckpt_path=resume)
 
 

@@ -81,7 +81,8 @@ class JobResult:
         return {rank: o["global_step"] for rank, o in self.outcomes.items()}
 
     def checkpoints(self) -> list[Path]:
-        return sorted(self.out.glob("hpc_ckpt_*.ckpt"))
+        """The stop's checkpoints: the package's hpc_ckpt_<N>.ckpt, or OnExceptionCheckpoint's (patched build)."""
+        return sorted([*self.out.glob("hpc_ckpt_*.ckpt"), *self.out.glob("on_exception.ckpt")])
 
 
 def run_job(

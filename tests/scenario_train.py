@@ -68,6 +68,9 @@ UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
 # "rank:batch:phase[:SIGNAL]" entries separated by ";", each sent once. Batch counts from 1 within the
 # run; "*" is any batch.
 INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
+# Run by the patched Lightning (no package): its stop raises SIGTERMException on every rank at the same step and saves
+# nothing itself; the stop's checkpoint is Lightning's OnExceptionCheckpoint, as a user of that Lightning adds to a fit.
+ON_EXCEPTION_CHECKPOINT = ENV.get("SCENARIO_IMPLEMENTATION") == "patched" and STAGE == "fit"
 # "validation" also means the test and predict batches of trainer.test / trainer.predict; "save" is
 # while a checkpoint is being saved (the stop checkpoint, in these scenarios).
 PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "epoch_end", "train_end", "save"}
@@ -304,14 +307,15 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
-        enable_checkpointing=False,
-        callbacks=[injector],
+        enable_checkpointing=ON_EXCEPTION_CHECKPOINT,
+        callbacks=[injector, *([pl.callbacks.OnExceptionCheckpoint(ROOT)] if ON_EXCEPTION_CHECKPOINT else [])],
     )
     outcome: dict = {"pid": os.getpid(), "exception": None, "exit_code": 0, "stop": None, "then": None}
     started = time.monotonic()
     try:
         if STAGE == "fit":
-            trainer.fit(model, ckpt_path="hpc" if ENV.get("SCENARIO_RESUME") == "1" else None)
+            resume = os.path.join(ROOT, "on_exception.ckpt") if ON_EXCEPTION_CHECKPOINT else "hpc"
+            trainer.fit(model, ckpt_path=resume if ENV.get("SCENARIO_RESUME") == "1" else None)
             if THEN and trainer.is_global_zero:
                 outcome["then"] = "started"
                 test_on_one_device(model)

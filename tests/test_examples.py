@@ -34,6 +34,8 @@ def command(example: str, launcher: str, root: Path) -> tuple[str, list[str]]:
     """(label, argv) for launching ``example`` with 2 ranks: by ``torchrun``, or by the script itself
     (``lightning``: the Trainer's or Fabric's own launcher starts rank 1)."""
     args = [str(EXAMPLES / f"{example}.py"), "--root", str(root), "--max-steps", str(MAX_STEPS)]
+    if IMPLEMENTATION == "patched":  # that Lightning stops every rank together; OnExceptionCheckpoint saves the stop
+        args.append("--on-exception-checkpoint")
     if launcher == "torchrun":
         return "torchrun", [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
                             "--master-addr=127.0.0.1", *args]
@@ -92,7 +94,7 @@ def steps_done(text: str) -> dict[int, list[int]]:
 def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
     """The checkpoints the stop left, and the step the one checkpoint holds."""
     if example == "trainer":
-        files = sorted(root.glob("hpc_ckpt_*.ckpt"))
+        files = sorted([*root.glob("hpc_ckpt_*.ckpt"), *root.glob("on_exception.ckpt")])
         key = "global_step"
     else:
         files = sorted(p for p in root.iterdir() if re.fullmatch(r"step-\d+\.(pt|ckpt)", p.name))
