@@ -15,8 +15,17 @@ PYTEST_251 := SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_L
 PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_IMPLEMENTATION=patched \
 	SCENARIO_EXPECT_LIGHTNING=2.6.6+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched tests/test_scenarios.py \
 	tests/test_examples.py
-PYTEST_LIGHTNING_TEST := $(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider \
-	build/lightning-2.6.6/tests/tests_pytorch/trainer/connectors/test_sigterm_ddp.py
+# Lightning's own tests of what the series changes, from its 2.6.5 tests with the series' tests/ hunks applied
+# (patches/build.sh --tests): the 16 test_auto_restart_under_signal cases, the signal connector's tests (the cadence's
+# unit tests), the two-process test_sigterm_ddp.py, the CombinedLoader's and SIGTERMException's tests, and fabric's
+# test_distributed.py (run apart: another conftest). Run from the tests/ folder, as Lightning's CI does, by the patched
+# build alone.
+RELEASE_TESTS := build/lightning-2.6.6-tests/tests
+RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
+PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/utilities/test_auto_restart.py \
+	tests_pytorch/trainer/connectors/test_signal_connector.py tests_pytorch/trainer/connectors/test_sigterm_ddp.py \
+	tests_pytorch/utilities/test_combined_loader.py tests_pytorch/utilities/test_exceptions.py \
+	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py
 
 # Lightning's own tests (the release sdist has none), stock and with the package: see tests/upstream_suite.py.
 LIGHTNING_TESTS ?= $(firstword $(wildcard ../shared/upstream/lightning-2.6.5-tests.tar.gz \
@@ -38,12 +47,13 @@ VENV_UPSTREAM := .venv-upstream
 VENV_UPSTREAM_PATCHED := .venv-upstream-patched
 # Master's tests of the code the series touches; each tree's run takes ~2 min here (the target ~4), so whole folders
 # where they are cheap and files where they are not: connectors/ (up to ~2 min alone, most of it test_data_connector's
-# persistent-workers warning test, kept: DataLoader workers and signals meet) and loops/ whole; the OnExceptionCheckpoint / save_on_exception
-# tests (master has no callbacks/test_on_exception_checkpoint.py: they live in checkpointing/test_model_checkpoint.py,
+# persistent-workers warning test, kept: DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's
+# and SIGTERMException's tests; the OnExceptionCheckpoint / save_on_exception tests (master has no callbacks/test_on_exception_checkpoint.py: they live in checkpointing/test_model_checkpoint.py,
 # whole, ~15 s, and in trainer/test_trainer.py, whose whole file takes ~90 s, mostly ddp_spawn tests: only its
 # exception tests); test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes
 # are run too.
 UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops tests_pytorch/utilities/test_auto_restart.py \
+	tests_pytorch/utilities/test_combined_loader.py tests_pytorch/utilities/test_exceptions.py \
 	tests_pytorch/models/test_hooks.py tests_pytorch/checkpointing/test_model_checkpoint.py \
 	$(addprefix tests_pytorch/trainer/test_trainer.py::,test_checkpoint_path_input_last_fault_tolerant \
 		test_on_exception_hook test_keyboard_interrupt test_error_handling_all_stages \
@@ -52,7 +62,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops test
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
 .PHONY: test test-unit test-lightning-2.5.1 test-lightning test-upstream upstream-trees patched-lightning test-patched \
-	soak bench demo clean
+	soak bench bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV)
@@ -78,6 +88,8 @@ $(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIE
 	bash patches/build.sh $(VENV_PATCHED)/bin/python
 	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt $(PATCHED_WHEEL)
+	# Lightning's tests mark the flaky ones @pytest.mark.flaky (fabric's test_distributed.py)
+	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt pytest-rerunfailures==16.1
 	touch $@
 
 # make test-upstream's venvs: torch, then the tree editable (the unified `lightning` package: PACKAGE_NAME=lightning)
@@ -136,6 +148,9 @@ test-upstream: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHE
 
 test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	$(PYTEST_PATCHED)
+	@test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests (lightning-2.6.5-tests.tar.gz) not found in" \
+		"../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; exit 1; }
+	bash patches/build.sh --tests $(LIGHTNING_TESTS)
 	$(PYTEST_LIGHTNING_TEST)
 
 # Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tests/soak.py).
@@ -151,6 +166,11 @@ $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 
 bench: $(VENV)/.bench-installed $(VENV_PATCHED)/.installed
 	$(VENV)/bin/python benchmarks/bench.py
+
+# The pull requests' figure (their DESCRIPTION.md): per-step cost at 1 ms steps on 2 ranks, Lightning's master as it is
+# (#20825's broadcast) and with patches/lightning-master applied, in make test-upstream's trees and venvs.
+bench-master: upstream-trees $(VENV)/.bench-installed $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHED)/.installed
+	$(VENV)/bin/python benchmarks/bench.py --lightning master --cost-only --steps-ms 1 --ranks 2
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

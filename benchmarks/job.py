@@ -6,7 +6,7 @@ Started once per rank by benchmarks/bench.py, through the test harness. Two kind
 turns (rotated every round, the same schedule on every rank since it follows the step number):
 
 * ``nocheck``: no SIGTERM check at all (Lightning's per-step broadcast switched off too);
-* ``stock``: Lightning 2.6.6's per-step broadcast from rank 0, as released;
+* ``stock``: the per-step broadcast from rank 0 of #20825, as released in 2.6.6 (and on Lightning's master);
 * ``package``: ddp_sigterm with its defaults;
 * ``patched``: the patched Lightning's agreement (in the patched environment).
 
@@ -83,10 +83,10 @@ class Modes(Callback):
             package_hook = self.package.on_train_batch_end
             self.package.on_train_batch_end = lambda *a: package_hook(*a) if self.mode == "package" else None
         connector = trainer._signal_connector
-        self.patched = getattr(connector, "agree_on_sigterm", None)
-        if self.patched is not None:
+        self.patched = getattr(connector, "sigterm_agreed", None)
+        if self.patched is not None:  # the patched Lightning's loops ask it at every check point
             agree = self.patched
-            connector.agree_on_sigterm = lambda force=False: agree(force) if force or self.mode == "patched" else None
+            connector.sigterm_agreed = lambda force=False: agree(force) if force or self.mode == "patched" else False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step
