@@ -368,7 +368,7 @@ def test_no_signal_trains_exactly_like_stock_lightning(tmp_path: Path) -> None:
     assert all("UnisonStop" not in o["callbacks"] for o in stock.outcomes.values()), stock.describe()
     assert {o["weights"] for o in ours.outcomes.values()} == {o["weights"] for o in stock.outcomes.values()}
     assert ours.checkpoints() == []
-    # the patched build's 0003 destroys a gloo default group at exit, as Lightning does for NCCL: its purpose
+    # the patched build destroys a gloo default group at exit (PR 2), as Lightning does for NCCL: its purpose
     by_design = {"lightning.fabric.utilities.distributed._destroy_dist_connection"} if not package else set()
     for rank in range(2):
         for stage, left in stock.outcomes[rank]["left_behind"].items():
