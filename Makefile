@@ -167,10 +167,10 @@ $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 bench: $(VENV)/.bench-installed $(VENV_PATCHED)/.installed
 	$(VENV)/bin/python benchmarks/bench.py
 
-# The pull requests' figure (their DESCRIPTION.md): per-step cost at 1 ms steps on 2 ranks, Lightning's master as it is
-# (#20825's broadcast) and with patches/lightning-master applied, in make test-upstream's trees and venvs.
-bench-master: upstream-trees $(VENV)/.bench-installed $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHED)/.installed
-	$(VENV)/bin/python benchmarks/bench.py --lightning master --cost-only --steps-ms 1 --ranks 2
+# The pull requests' figure (PR 1's DESCRIPTION.md): its attached benchmark.py, 10 runs on Lightning's master as it is
+# (#20825's broadcast) and 10 with patches/lightning-master applied, in make test-upstream's trees and venvs.
+bench-master: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHED)/.installed
+	$(PYTHON) benchmarks/master.py
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

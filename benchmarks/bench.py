@@ -9,8 +9,6 @@ prints one summary line per configuration.
 
     python benchmarks/bench.py [--reps 5] [--steps-ms 1,10,100] [--ranks 2,4] [--no-docs]
     python benchmarks/bench.py --from-results build/bench-results.json   # rewrite the page only
-    python benchmarks/bench.py --lightning master --cost-only --steps-ms 1 --ranks 2   # the pull requests' figure:
-        Lightning's master as it is (#20825's broadcast) and with patches/lightning-master applied (make bench-master)
 """
 
 from __future__ import annotations
@@ -31,10 +29,6 @@ from harness import run_job  # noqa: E402
 
 STOCK_ENV = ROOT / ".venv" / "bin" / "python"  # released Lightning 2.6.6 with the package installed
 PATCHED_ENV = ROOT / ".venv-patched" / "bin" / "python"
-# --lightning master: the trees and venvs of make test-upstream (no package there)
-MASTER_ENV = ROOT / ".venv-upstream" / "bin" / "python"
-MASTER_PATCHED_ENV = ROOT / ".venv-upstream-patched" / "bin" / "python"
-LIGHTNING = "release"
 MAX_DELAY = 1.0  # the package's default, and the patch's constant
 # The targets are read on 2 ranks: their cost points get more jobs (--target-reps), each TARGET_LONGER times as
 # long, since the per-job ratios spread by a few points (a median of 5 short jobs is good to about +-1.5 points).
@@ -44,9 +38,6 @@ LABELS = {"nocheck": "no check", "stock": "stock 2.6.6", "package": "package", "
 
 
 def environments() -> dict[str, tuple[Path, list[str]]]:
-    if LIGHTNING == "master":
-        # named after the fix each measures, as the release's are
-        return {"stock": (MASTER_ENV, ["nocheck", "stock"]), "patched": (MASTER_PATCHED_ENV, ["nocheck", "patched"])}
     envs = {"package": (STOCK_ENV, ["nocheck", "stock", "package"])}
     if PATCHED_ENV.exists():
         envs["patched"] = (PATCHED_ENV, ["nocheck", "patched"])
@@ -305,15 +296,7 @@ def main() -> None:
     parser.add_argument("--collective-ranks", default="2,4,8")
     parser.add_argument("--no-docs", action="store_true", help="print the summary lines only")
     parser.add_argument("--from-results", type=Path, help="rewrite the page from an earlier run's JSON")
-    parser.add_argument("--lightning", choices=["release", "master"], default="release",
-                        help="master: Lightning's master without and with the pull requests (test-upstream's venvs)")
-    parser.add_argument("--cost-only", action="store_true", help="the per-step cost only (no latency, no collective)")
     args = parser.parse_args()
-    global LIGHTNING
-    LIGHTNING = args.lightning
-    if LIGHTNING == "master":
-        LABELS.update(stock="master (#20825)", patched="master + PRs")
-        args.no_docs = True  # the page is the release's; this run prints its lines and keeps its own JSON
     if args.from_results:
         write_docs(args, *load_results(args.from_results), json.loads(args.from_results.read_text()))
         return
@@ -329,22 +312,19 @@ def main() -> None:
                 print(f"cost, {ranks} ranks{oversubscribed(ranks)}, {step_ms:g} ms work: {LABELS[mode]:14s} "
                       f"{row['ms']:8.3f} ms/step, {(row['ratio'] - 1) * 100:+5.1f}% vs no check "
                       f"(per job: {', '.join(f'{(r - 1) * 100:+.1f}' for r in row['ratios'])})", flush=True)
-    latencies: dict = {}
-    if args.cost_only:
-        step_times = []
+    latencies = {}
     for step_ms in step_times:
         latencies[step_ms] = measure_latency(step_ms, args.reps)
         for name, row in latencies[step_ms].items():
             agreed = f"agreed {row['decided'] * 1000:.0f} ms, " if row["decided"] is not None else ""
             print(f"latency, 2 ranks, {step_ms:g} ms work, {name}: {agreed}{row['steps']:.0f} steps after, "
                   f"exception {row['exception'] * 1000:.0f} ms, all exited {row['exited'] * 1000:.0f} ms", flush=True)
-    collective = measure_collective([] if args.cost_only else [int(r) for r in args.collective_ranks.split(",")])
+    collective = measure_collective([int(r) for r in args.collective_ranks.split(",")])
     command = " ".join(["python", "benchmarks/bench.py"] + sys.argv[1:])
     raw = {"costs": costs, "latencies": latencies, "collective": collective, "started": started.isoformat(),
            "seconds": datetime.datetime.now().timestamp() - clock, "command": command}
     (ROOT / "build").mkdir(exist_ok=True)
-    results = "bench-results.json" if LIGHTNING == "release" and not args.cost_only else f"bench-{LIGHTNING}-cost.json"
-    (ROOT / "build" / results).write_text(json.dumps(raw, indent=1, default=str))
+    (ROOT / "build" / "bench-results.json").write_text(json.dumps(raw, indent=1, default=str))
     if not args.no_docs:
         write_docs(args, costs, latencies, collective, raw)
 
