@@ -30,6 +30,10 @@ PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/
 # Lightning's own tests (the release sdist has none), stock and with the package: see tests/upstream_suite.py.
 LIGHTNING_TESTS ?= $(firstword $(wildcard ../shared/upstream/lightning-2.6.5-tests.tar.gz \
 	/work/shared/upstream/lightning-2.6.5-tests.tar.gz))
+# The first line of a recipe that needs them (test-lightning, test-patched): stops it when the archive is missing.
+NEED_LIGHTNING_TESTS = @test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests" \
+	"(lightning-2.6.5-tests.tar.gz) not found in ../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; \
+	exit 1; }
 LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py
@@ -48,12 +52,13 @@ VENV_UPSTREAM_PATCHED := .venv-upstream-patched
 # Master's tests of the code the series touches; each tree's run takes ~2 min here (the target ~4), so whole folders
 # where they are cheap and files where they are not: connectors/ (up to ~2 min alone, most of it test_data_connector's
 # persistent-workers warning test, kept: DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's
-# and SIGTERMException's tests; the OnExceptionCheckpoint / save_on_exception tests (master has no callbacks/test_on_exception_checkpoint.py: they live in checkpointing/test_model_checkpoint.py,
-# whole, ~15 s, and in trainer/test_trainer.py, whose whole file takes ~90 s, mostly ddp_spawn tests: only its
-# exception tests); test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes
-# are run too.
-UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops tests_pytorch/utilities/test_auto_restart.py \
-	tests_pytorch/utilities/test_combined_loader.py tests_pytorch/utilities/test_exceptions.py \
+# and SIGTERMException's tests; the OnExceptionCheckpoint / save_on_exception tests (master has no
+# callbacks/test_on_exception_checkpoint.py: they live in checkpointing/test_model_checkpoint.py, whole, ~15 s, and in
+# trainer/test_trainer.py, whose whole file takes ~90 s, mostly ddp_spawn tests: only its exception tests);
+# test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes are run too.
+UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
+	tests_pytorch/utilities/test_auto_restart.py tests_pytorch/utilities/test_combined_loader.py \
+	tests_pytorch/utilities/test_exceptions.py \
 	tests_pytorch/models/test_hooks.py tests_pytorch/checkpointing/test_model_checkpoint.py \
 	$(addprefix tests_pytorch/trainer/test_trainer.py::,test_checkpoint_path_input_last_fault_tolerant \
 		test_on_exception_hook test_keyboard_interrupt test_error_handling_all_stages \
@@ -135,8 +140,7 @@ test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
 # Lightning's tests of the signal connector, callback connector, loops and auto-restart, with the package installed:
 # every test must end as it does on stock Lightning, but for the accepted differences listed in the script.
 test-lightning: $(VENV)/.installed
-	@test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests (lightning-2.6.5-tests.tar.gz) not found in" \
-		"../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; exit 1; }
+	$(NEED_LIGHTNING_TESTS)
 	$(VENV)/bin/python tests/upstream_suite.py package --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
 
 # Lightning master's own tests, from the unpatched and the patched tree, each with its venv: fails on a test the
@@ -147,9 +151,8 @@ test-upstream: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHE
 		--patched $(UPSTREAM)/master-patched $(VENV_UPSTREAM_PATCHED)/bin/python $(UPSTREAM_TEST_FILES)
 
 test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
+	$(NEED_LIGHTNING_TESTS)
 	$(PYTEST_PATCHED)
-	@test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests (lightning-2.6.5-tests.tar.gz) not found in" \
-		"../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; exit 1; }
 	bash patches/build.sh --tests $(LIGHTNING_TESTS)
 	$(PYTEST_LIGHTNING_TEST)
 

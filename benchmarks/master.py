@@ -12,22 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import socket
 import statistics
-import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from harness import free_port, supervise  # noqa: E402
+
 SCRIPT = ROOT / "patches" / "lightning-master" / "01-sigterm-every-rank" / "benchmark.py"
 SIDES = {"master (#20825)": ROOT / ".venv-upstream", "master + PRs": ROOT / ".venv-upstream-patched"}
 RUN_TIMEOUT = 300
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_once(venv: Path) -> float:
@@ -35,19 +31,13 @@ def run_once(venv: Path) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [str(venv / "bin" / "torchrun"), "--nproc-per-node=2", "--master-addr=127.0.0.1",
                f"--master-port={free_port()}", str(SCRIPT)]
-    process = subprocess.Popen(command, cwd=SCRIPT.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=RUN_TIMEOUT)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    job = supervise(Path(tempfile.mkdtemp(prefix="bench-master-")), {"torchrun": (command, env)}, RUN_TIMEOUT)
+    output, code = job.output(), job.returncodes["torchrun"]
     found = re.search(r"^lightning .*ms/step, ([+-][0-9.]+)%$", output, re.MULTILINE)
     if found is None:
-        raise SystemExit(f"benchmark run failed ({venv}, exit {process.returncode}):\n{output[-3000:]}")
+        raise SystemExit(f"benchmark run failed ({venv}, exit {code}):\n{output[-3000:]}")
     # the measurement is printed at the end of training: an abort at exit (Gloo's, on master) does not change it
-    after = "" if process.returncode == 0 else f" (then torchrun exited {process.returncode})"
+    after = "" if code == 0 else f" (then torchrun exited {code})"
     print(f"{venv.name}: {found.group(0)}{after}", flush=True)
     return float(found.group(1))
 

@@ -13,19 +13,19 @@ SHA256=1c6329e241f8a85f29fedead89c1ee138b36caa08de60c260c6a7eaee81c8295
 LABEL=ddpsigterm
 SERIES=patches/lightning-$VERSION
 
-# apply_series TREE GIT-APPLY-FILTER: every patch of the series, checked first, then applied. git apply, not patch:
-# it takes the filter; the ceiling keeps it from taking build/ for part of this repository.
+# apply_series TREE GIT-APPLY-FILTER: every patch of the series, in order. git apply, not patch: it takes the filter,
+# and a patch with a hunk that does not apply changes nothing; the ceiling keeps it from taking build/ for part of this
+# repository.
 apply_series() {
   local tree=$1 filter=$2 name report
   grep -v '^#' "$SERIES/series" | while read -r name; do
     [ -n "$name" ] || continue
-    if ! report=$(cd "$tree" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply --check "$filter" \
+    if ! report=$(cd "$tree" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$filter" \
         "$OLDPWD/$SERIES/$name" 2>&1); then
       echo "$report" >&2
       echo "error: $SERIES/$name no longer applies to $tree (failing file and hunk above)" >&2
       exit 1
     fi
-    (cd "$tree" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$filter" "$OLDPWD/$SERIES/$name")
     echo "applied $name ($filter)"
   done
 }

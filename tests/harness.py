@@ -35,6 +35,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_checkpoints(directory: Path) -> list[Path]:
+    """The checkpoints a stop saved in ``directory``: the package's hpc_ckpt_<N>.ckpt, or, with the patched build,
+    Lightning's OnExceptionCheckpoint's on_exception.ckpt (which the Trainer scripts add there)."""
+    return sorted([*directory.glob("hpc_ckpt_*.ckpt"), *directory.glob("on_exception.ckpt")])
+
+
 @dataclasses.dataclass
 class OutsideSignal:
     """Send ``signum`` from outside ``delay`` seconds after rank ``rank`` has started training batch
@@ -81,8 +87,7 @@ class JobResult:
         return {rank: o["global_step"] for rank, o in self.outcomes.items()}
 
     def checkpoints(self) -> list[Path]:
-        """The stop's checkpoints: the package's hpc_ckpt_<N>.ckpt, or OnExceptionCheckpoint's (patched build)."""
-        return sorted([*self.out.glob("hpc_ckpt_*.ckpt"), *self.out.glob("on_exception.ckpt")])
+        return stop_checkpoints(self.out)
 
 
 def run_job(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import PYTHON, Supervised, _signal_pid, free_port, supervise
+from harness import PYTHON, Supervised, _signal_pid, free_port, stop_checkpoints, supervise
 
 pytestmark = pytest.mark.scenario
 
@@ -94,7 +94,7 @@ def steps_done(text: str) -> dict[int, list[int]]:
 def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
     """The checkpoints the stop left, and the step the one checkpoint holds."""
     if example == "trainer":
-        files = sorted([*root.glob("hpc_ckpt_*.ckpt"), *root.glob("on_exception.ckpt")])
+        files = stop_checkpoints(root)
         key = "global_step"
     else:
         files = sorted(p for p in root.iterdir() if re.fullmatch(r"step-\d+\.(pt|ckpt)", p.name))
