@@ -66,7 +66,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 		test_trainer_calls_datamodule_on_exception) \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
-.PHONY: test test-unit test-lightning-2.5.1 test-lightning test-upstream upstream-trees patched-lightning test-patched \
+.PHONY: test test-unit test-slurm test-lightning-2.5.1 test-lightning test-upstream upstream-trees patched-lightning test-patched \
 	soak bench bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
@@ -126,9 +126,10 @@ venv: $(VENV)/.installed
 
 patched-lightning: $(VENV_PATCHED)/.installed
 
-# The whole suite: unit tests, the multi-process scenario matrix, then the lightning 2.5.1 subset.
+# The whole suite: unit tests, the multi-process scenario matrix, then the lightning 2.5.1 subset (the SLURM tests
+# have their own target: they need root and a cluster).
 test: $(VENV)/.installed $(VENV_251)/.installed
-	$(VENV)/bin/python -m pytest -ra
+	$(VENV)/bin/python -m pytest -ra -m "not slurm"
 	$(PYTEST_251)
 
 test-unit: $(VENV)/.installed
@@ -155,6 +156,17 @@ test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	$(PYTEST_PATCHED)
 	bash patches/build.sh --tests $(LIGHTNING_TESTS)
 	$(PYTEST_LIGHTNING_TEST)
+
+# Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tests/slurm_cluster.py): installs
+# slurm-wlm and munge with apt-get when missing (root), configures the cluster under build/slurm (never /etc; refuses
+# to start next to a configured or running SLURM), and stops every daemon it started, by pid, whatever happened.
+# With the package and with the patched Lightning. Where it cannot run, the tests are skipped with the reason;
+# SLURM_REQUIRED=1 (.ci/run) makes that a failure. Prints each test's SLURM record and times (build/slurm-report.md).
+SLURM_REQUIRED ?=
+test-slurm: $(VENV)/.installed $(VENV_PATCHED)/.installed
+	SLURM_PATCHED_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SLURM_REQUIRED=$(SLURM_REQUIRED) \
+		$(VENV)/bin/python -m pytest -ra --durations=0 -m slurm tests/test_slurm.py; \
+		status=$$?; cat build/slurm-report.md 2>/dev/null; exit $$status
 
 # Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tests/soak.py).
 # SEED=S replays a soak; RECORD=docs/reliability.md writes its summary there.

@@ -104,9 +104,9 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
         facts.update(returncodes=stopped.returncodes, elapsed=round(stopped.elapsed, 1))
         step = assert_unison_stop(stopped, exit_code=128 + signum)
         facts["step"] = step
-        if d.mode == "slurm":  # the requeue signal requeues, once; SIGTERM does not
+        if d.mode == "slurm":  # the requeue signal requeues, once; SIGTERM asks whether SLURM preempts the job
             recorded = scontrol_calls(env)
-            expected = ["requeue 4242"] if signum == signal.SIGUSR1 else []
+            expected = ["requeue 4242"] if signum == signal.SIGUSR1 else ["show job --oneliner 4242"]
             assert recorded == expected, f"scontrol calls {recorded}, expected {expected}\n{stopped.describe()}"
         resumed = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH,
                           scenario={**scenario, "SCENARIO_RESUME": "1"})

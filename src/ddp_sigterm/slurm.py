@@ -1,6 +1,13 @@
-"""SLURM: requeue the running job, as Lightning's auto-requeue does, once per job.
+"""SLURM: requeue the running job, as Lightning's auto-requeue does, once per job; and tell a
+preemption from the other SIGTERMs.
 
 Called by global rank 0 only, after the agreed stop's checkpoint is saved on every rank.
+
+SLURM requeues a job it preempts (``PreemptMode=REQUEUE``) only if the job is still running when the
+grace time ends and SLURM kills it. A job that saves and exits within the grace time, as a stop
+should, ends FAILED and is not requeued: the job must requeue itself. A preemption's SIGTERM looks
+like any other (``scancel``, the time limit), but ``scontrol show job`` tells them apart: a job being
+preempted has a ``PreemptTime`` (at or after its ``StartTime``: the field stays set after a requeue).
 """
 
 from __future__ import annotations
@@ -31,10 +38,30 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
     return found
 
 
+def preempted(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> str | None:
+    """The ``PreemptTime`` of this job if SLURM is preempting it and lets it be requeued (``Requeue=1``:
+    ``sbatch --requeue`` or the cluster's ``JobRequeue=1``), else None; raise :class:`RequeueError` if
+    ``scontrol`` cannot tell."""
+    job = job_id(environ)
+    fields = dict(item.partition("=")[::2] for item in _scontrol("show", "job", "--oneliner", job,
+                                                                   timeout=timeout).split())
+    preempt_time, start_time = fields.get("PreemptTime", "None"), fields.get("StartTime", "")
+    # both are ISO 8601 local times (YYYY-MM-DDTHH:MM:SS): their text sorts as the times do
+    if fields.get("Requeue") == "1" and preempt_time not in ("None", "Unknown") and preempt_time >= start_time:
+        return preempt_time
+    return None
+
+
 def requeue(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> str:
     """Run ``scontrol requeue <job id>``; return the job id, or raise :class:`RequeueError`."""
     job = job_id(environ)
-    command = ["scontrol", "requeue", job]
+    _scontrol("requeue", job, timeout=timeout)
+    return job
+
+
+def _scontrol(*args: str, timeout: float) -> str:
+    """``scontrol``'s output, or :class:`RequeueError` with the command and its error."""
+    command = ["scontrol", *args]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -42,4 +69,4 @@ def requeue(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> 
     if done.returncode != 0:
         raise RequeueError(f"ddp_sigterm: {' '.join(command)} failed with exit code {done.returncode}: "
                            f"{(done.stderr or done.stdout).strip()}")
-    return job
+    return done.stdout

@@ -11,7 +11,9 @@ not imported here. What it changes in the Trainer it is attached to, for the dur
 * The per-batch broadcast from rank 0 in the training epoch loop (2.5.2+) is switched off.
 * Under SLURM with auto-requeue, Lightning's requeue handler (which saves and runs ``scontrol
   requeue`` inside the handler) is replaced by the same recorder: the requeue signal stops the job
-  like SIGTERM, and after the stop checkpoint global rank 0 requeues the job, once.
+  like SIGTERM, and after the stop checkpoint global rank 0 requeues the job, once. It requeues a
+  job that SLURM is preempting too (see :func:`slurm.preempted`): SLURM itself requeues only a
+  preempted job that outlives the grace time.
 * At every optimizer-step boundary and every evaluation batch end the coordinator is asked
   ``should_stop``; at the agreed stop each rank saves ``hpc_ckpt_<N>.ckpt`` (during ``fit``) and
   raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``. A save
@@ -196,8 +198,9 @@ class TrainerStop(Integration):
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
             agreed += f"; checkpoint saved to {_save_stop_checkpoint(trainer, coordinator, step)}"
-        if decision.requeue:
-            agreed += f"; SLURM job {_requeue(trainer, coordinator, step)} requeued"
+        if coordinator.requeue_signal is not None:  # SLURM, auto-requeue on
+            requeued = _requeue(trainer, coordinator, step)
+            agreed += f"; SLURM job {requeued}" if requeued else ""
         self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = self.lightning.sigterm_exception(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]
@@ -237,8 +240,23 @@ def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int)
 
 
 def _requeue(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
-    """Global rank 0 runs ``scontrol requeue`` once, after the stop checkpoint; every rank learns the
-    outcome. Returns the job id on rank 0."""
-    coordinator.activity = "`scontrol requeue` (global rank 0)"
-    return in_unison(coordinator, lambda: slurm.requeue() if trainer.is_global_zero else None,
-                     "requeueing the SLURM job", step)
+    """After the stop checkpoint, global rank 0 runs ``scontrol requeue`` once if the stop is the
+    requeue signal's or SLURM is preempting the job; every rank learns the outcome (a failure to ask
+    SLURM, or to requeue, raises :class:`StopError` everywhere). Returns, on rank 0 if it requeued the
+    job, ``"<job id> requeued: <why>"``."""
+    decision = coordinator.decision
+    assert decision is not None
+
+    def requeue_on_rank_0() -> str | None:
+        if not trainer.is_global_zero:
+            return None
+        if decision.requeue:
+            why = f"{signal.Signals(coordinator.requeue_signal).name} is its requeue signal"
+        elif preempt_time := slurm.preempted():
+            why = f"SLURM is preempting it (PreemptTime={preempt_time})"
+        else:
+            return None
+        return f"{slurm.requeue()} requeued: {why}"
+
+    coordinator.activity = "`scontrol show job` / `scontrol requeue` (global rank 0)"
+    return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)

@@ -1,0 +1,317 @@
+"""A private single-node SLURM cluster for the tests: ``munged``, ``slurmctld`` and ``slurmd`` on this
+machine, configured under a directory of ours, started and stopped by pid.
+
+Nothing is written outside that directory (not /etc/slurm, not /etc/munge): the daemons get their own
+configuration file, munge key and socket, state, spool, logs and ports, and the clients find them through
+``SLURM_CONF`` (see :attr:`Cluster.env`). It refuses to start next to a SLURM that is already configured or
+running on the machine, rather than risk disturbing it.
+
+The partitions: ``low`` (the default; preemptible: ``PreemptMode=REQUEUE``, ``GraceTime``) and ``high``
+(a higher ``PriorityTier``: a job there preempts a ``low`` job that holds the CPUs it needs).
+
+    python tests/slurm_cluster.py up build/slurm     # start it; prints the SLURM_CONF to export
+    python tests/slurm_cluster.py down build/slurm   # stop what `up` started
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "scontrol", "scancel", "squeue", "sinfo")
+PACKAGES = ("slurm-wlm", "munge")
+# Preemption's grace period: SIGTERM, then this many seconds to exit, then SIGKILL. And the time SLURM
+# gives a job's processes between a cancel's SIGTERM and SIGKILL (scancel, time limit).
+GRACE_TIME = 30
+KILL_WAIT = 30
+
+
+class Unavailable(RuntimeError):
+    """The cluster cannot run here; the message says what is missing."""
+
+
+def missing_programs() -> list[str]:
+    return [name for name in (*DAEMONS, *CLIENTS) if shutil.which(name, path=_sbin_path()) is None]
+
+
+def install() -> None:
+    """Install SLURM and munge from the distribution's packages when a program is missing (root and
+    apt-get needed); raise :class:`Unavailable` saying what is missing when that cannot be done."""
+    missing = missing_programs()
+    if not missing:
+        return
+    why = f"SLURM programs missing: {', '.join(missing)} (Debian packages: {' '.join(PACKAGES)})"
+    if os.geteuid() != 0:
+        raise Unavailable(f"{why}; installing them needs root")
+    if shutil.which("apt-get") is None:
+        raise Unavailable(f"{why}; no apt-get here to install them")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+        if done.returncode != 0:
+            raise Unavailable(f"{why}; `{' '.join(command)}` failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    if missing_programs():
+        raise Unavailable(f"still missing after apt-get install: {', '.join(missing_programs())}")
+
+
+def existing_cluster() -> str | None:
+    """Why this machine already has a SLURM that a second one could disturb, or None."""
+    for conf in (Path("/etc/slurm/slurm.conf"), Path("/etc/slurm-llnl/slurm.conf")):
+        if conf.exists():
+            return f"a SLURM cluster is configured here ({conf})"
+    for pid, name in _processes():
+        if name in ("slurmctld", "slurmd", "slurmdbd"):
+            return f"{name} is already running here (pid {pid})"
+    return None
+
+
+@dataclasses.dataclass
+class Cluster:
+    root: Path
+    node: str
+    pids: dict[str, int]  # daemon -> pid
+    started: float  # time.time() before the first daemon started
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment in which SLURM's clients (and ``scontrol`` inside jobs) reach this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf), "PATH": _sbin_path()}
+
+    def run(self, *argv: str, check: bool = True, timeout: float = 60.0) -> str:
+        done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job``'s fields (``JobState``, ``ExitCode``, ``Restarts``, ``Reason``, ...)."""
+        return parse_fields(self.run("scontrol", "show", "job", "--oneliner", job_id))
+
+    def wait_for(self, what: str, predicate, timeout: float, poll: float = 0.5):
+        """Call ``predicate()`` until it returns something true; that value, or raise TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = predicate()
+            if found:
+                return found
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {what} after {timeout:.0f} s; {self.diagnosis()}")
+            time.sleep(poll)
+
+    def diagnosis(self) -> str:
+        return (f"squeue:\n{self.run('squeue', '--all', check=False)}"
+                f"sinfo:\n{self.run('sinfo', '-N', '-l', check=False)}")
+
+    def jobs(self) -> list[str]:
+        """Ids of the jobs the controller still runs or holds (pending, running, completing)."""
+        return self.run("squeue", "--all", "--noheader", "--format=%i", check=False).split()
+
+    def stop(self) -> None:
+        """Cancel every job, then stop the daemons this cluster started, each by its pid, and the
+        ``slurmstepd`` processes they left (started after this cluster, so ours)."""
+        try:
+            if self.jobs():
+                self.run("scancel", "--full", "--signal=KILL", *self.jobs(), check=False)
+                self.run("scancel", *self.jobs(), check=False)
+                deadline = time.monotonic() + 30
+                while self.jobs() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+        finally:
+            for name in reversed(DAEMONS):
+                if name in self.pids:
+                    _end(self.pids[name])
+            for pid, name in _processes():
+                if name == "slurmstepd" and _started_after(pid, self.started):
+                    _end(pid)
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """``Key=Value Key=Value ...`` (``scontrol --oneliner``) into a dict; a value may hold spaces only
+    as the last field of a line, which the tests do not read."""
+    fields: dict[str, str] = {}
+    for item in text.split():
+        key, sep, value = item.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def configuration(root: Path, node: str, cpus: int, ports: tuple[int, int]) -> str:
+    return f"""\
+# Written by tests/slurm_cluster.py: a private one-node cluster for ddp_sigterm's tests.
+ClusterName=ddpsigterm
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={ports[0]}
+SlurmdPort={ports[1]}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge/munge.socket
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+# a job asks for requeueing itself (sbatch --requeue), as the scripts in docs/slurm.md do
+JobRequeue=0
+KillWait={KILL_WAIT}
+MinJobAge=600
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
+PartitionName=low Nodes={node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE \
+GraceTime={GRACE_TIME}
+PartitionName=high Nodes={node} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+"""
+
+
+def start(root: Path, timeout: float = 60.0) -> Cluster:
+    """Start a fresh cluster in ``root`` (emptied first) and wait until its node is idle."""
+    why = existing_cluster()
+    if why:
+        raise Unavailable(f"{why}: not starting a second one next to it")
+    if os.geteuid() != 0:
+        raise Unavailable("the test cluster's slurmd runs jobs as root: run as root")
+    if root.exists():
+        shutil.rmtree(root)
+    for sub in ("munge", "state", "spool", "log"):
+        (root / sub).mkdir(parents=True)
+    node = socket.gethostname().split(".")[0]
+    cluster = Cluster(root, node, {}, time.time())
+    key = root / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    cluster.conf.write_text(configuration(root, node, os.cpu_count() or 1, (_free_port(), _free_port())))
+    logs = root / "log"
+    commands = {
+        "munged": ["munged", "--foreground", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={key}",
+                   f"--pid-file={root}/munge/munged.pid", f"--log-file={logs}/munged.log",
+                   f"--seed-file={root}/munge/munged.seed"],
+        "slurmctld": ["slurmctld", "-D", "-i", "-f", str(cluster.conf)],
+        "slurmd": ["slurmd", "-D", "-f", str(cluster.conf), "-N", node],
+    }
+    try:
+        for name, argv in commands.items():
+            with open(logs / f"{name}.out", "w") as out:
+                proc = subprocess.Popen(argv, env=cluster.env, stdout=out, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, executable=_which(name))
+            cluster.pids[name] = proc.pid
+            if name == "munged":
+                cluster.wait_for("munge socket", (root / "munge" / "munge.socket").exists, 10, poll=0.1)
+        cluster.wait_for(f"idle node {node}", lambda: "idle" in cluster.run("sinfo", "--noheader", "--format=%T",
+                                                                            check=False), timeout)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _sbin_path() -> str:
+    return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+
+
+def _which(name: str) -> str:
+    found = shutil.which(name, path=_sbin_path())
+    if found is None:
+        raise Unavailable(f"{name} not found")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes() -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.append((int(entry.name), (entry / "comm").read_text().strip()))
+            except OSError:
+                continue
+    return found
+
+
+def _started_after(pid: int, when: float) -> bool:
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+    except (OSError, StopIteration, IndexError, ValueError):
+        return False
+    return boot + ticks / os.sysconf("SC_CLK_TCK") >= when - 1
+
+
+def _end(pid: int, wait: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``wait`` seconds; ``pid`` is a daemon or step we started."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        except ChildProcessError:  # not our child: poll /proc
+            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+                return
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in ("up", "down"):
+        print(__doc__)
+        return 2
+    root = Path(argv[1]).resolve()
+    if argv[0] == "up":
+        install()
+        cluster = start(root)
+        pids = " ".join(f"{name}={pid}" for name, pid in cluster.pids.items())
+        (root / "pids").write_text(pids)
+        print(f"export SLURM_CONF={cluster.conf}   # {pids}")
+        return 0
+    pids = dict(item.split("=") for item in (root / "pids").read_text().split())
+    Cluster(root, "", {name: int(pid) for name, pid in pids.items()}, root.stat().st_mtime).stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
