@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -367,3 +368,13 @@ def test_save_in_unison_names_the_file_only_when_it_was_written(tmp_path) -> Non
 
 def _raise_disk_full(partial: str) -> None:
     raise RuntimeError("disk full")
+
+
+def test_docs_slurm_shows_the_sbatch_scripts_the_slurm_tests_submit() -> None:
+    """docs/slurm.md shows each examples/slurm/*.sbatch as it is (tests/test_slurm.py submits those files)."""
+    root = Path(__file__).resolve().parent.parent
+    docs = (root / "docs" / "slurm.md").read_text()
+    scripts = sorted((root / "examples" / "slurm").glob("*.sbatch"))
+    assert scripts
+    for script in scripts:
+        assert script.read_text().rstrip() in docs, f"docs/slurm.md does not show {script.name} as it is"
