@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "scancel", "squeue", "sinfo")
 PACKAGES = ("slurm-wlm", "munge")
@@ -120,7 +122,9 @@ class Cluster:
 
     def stop(self) -> None:
         """Cancel every job, then stop the daemons this cluster started, each by its pid, and the
-        ``slurmstepd`` processes they left (started after this cluster, so ours)."""
+        ``slurmstepd`` processes they left (started after this cluster, so ours), and any process of a
+        job still running (its environment has a ``SLURM_JOB_ID`` and names this cluster's ``SLURM_CONF``,
+        which sbatch exports to the job)."""
         try:
             if self.jobs():
                 self.run("scancel", "--full", "--signal=KILL", *self.jobs(), check=False)
@@ -135,6 +139,15 @@ class Cluster:
             for pid, name in _processes():
                 if name == "slurmstepd" and _started_after(pid, self.started):
                     _end(pid)
+            marker = f"SLURM_CONF={self.conf}\0".encode()
+            for pid, _ in _processes():
+                try:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes()
+                except OSError:
+                    continue
+                ours = marker in environ and b"\0SLURM_JOB_ID=" in environ  # a job's, not a shell that exported it
+                if ours:
+                    _end(pid, wait=1.0)
 
 
 def parse_fields(text: str) -> dict[str, str]:
@@ -204,7 +217,11 @@ def start(root: Path, timeout: float = 60.0) -> Cluster:
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    cluster.conf.write_text(configuration(root, node, os.cpu_count() or 1, (_free_port(), _free_port())))
+    # two CPUs, whatever the machine has: a 2-task job fills the node, so that a 1-task job of the high partition
+    # must preempt it
+    if (os.cpu_count() or 1) < 2:
+        raise Unavailable("the test cluster's node has 2 CPUs: this machine has fewer")
+    cluster.conf.write_text(configuration(root, node, 2, (free_port(), free_port())))
     logs = root / "log"
     commands = {
         "munged": ["munged", "--foreground", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={key}",
@@ -238,12 +255,6 @@ def _which(name: str) -> str:
     if found is None:
         raise Unavailable(f"{name} not found")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _processes() -> list[tuple[int, str]]:
@@ -308,8 +319,11 @@ def main(argv: list[str]) -> int:
         (root / "pids").write_text(pids)
         print(f"export SLURM_CONF={cluster.conf}   # {pids}")
         return 0
-    pids = dict(item.split("=") for item in (root / "pids").read_text().split())
-    Cluster(root, "", {name: int(pid) for name, pid in pids.items()}, root.stat().st_mtime).stop()
+    pids = {name: int(pid) for name, pid in (item.split("=") for item in (root / "pids").read_text().split())}
+    running = dict(_processes())
+    # only pids that still run the daemon `up` started there (a pid may have been reused since)
+    ours = {name: pid for name, pid in pids.items() if running.get(pid) == name}
+    Cluster(root, "", ours, (root / "pids").stat().st_mtime - 5).stop()
     return 0
 
 

@@ -109,22 +109,30 @@ def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
 
 
 # -- SLURM auto-requeue ----------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["job", "array-job", "with-sigterm", "scontrol-fails", "preempted"])
+@pytest.mark.parametrize("case", ["job", "array-job", "with-sigterm", "scontrol-fails", "preempted",
+                                  "cannot-tell"])
 def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, case: str) -> None:
     """Under SLURM (its variables set, a stub ``scontrol`` on PATH that records its arguments) the
     requeue signal, SIGUSR1, reaches rank 1 (``preempted``: SIGTERM, while ``scontrol show job`` says
     SLURM is preempting the job): every rank stops at the same step and saves, global rank 0 requeues
     the job exactly once, and the ranks exit 128 + the agreed signal. tests/test_slurm.py does it on a
-    real cluster."""
-    env = stub_scontrol(tmp_path, fail="Access/permission denied" if case == "scontrol-fails" else None,
-                        preempted=case == "preempted")
+    real cluster. ``cannot-tell``: SIGTERM, and ``scontrol show job`` fails: rank 0 warns, nothing is
+    requeued, the stop ends as any other (143)."""
+    fails = case in ("scontrol-fails", "cannot-tell")
+    env = stub_scontrol(tmp_path, fail="Access/permission denied" if fails else None, preempted=case == "preempted")
     array = {"SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2"} if case == "array-job" else {}
-    inject = {"with-sigterm": "1:2:forward:SIGUSR1;0:2:forward:SIGTERM",
-              "preempted": "1:2:forward:SIGTERM"}.get(case, "1:2:forward:SIGUSR1")
+    inject = {"with-sigterm": "1:2:forward:SIGUSR1;0:2:forward:SIGTERM", "preempted": "1:2:forward:SIGTERM",
+              "cannot-tell": "1:2:forward:SIGTERM"}.get(case, "1:2:forward:SIGUSR1")
     result = run_job(tmp_path / "job", mode="slurm", timeout=MUST_FINISH, env=env, slurm=array,
                      scenario={"SCENARIO_INJECT": inject})
     why = result.describe()
     assert {o.get("environment") for o in result.outcomes.values()} == {"SLURMEnvironment"}, why
+    if case == "cannot-tell":
+        assert scontrol_calls(env) == ["show job --oneliner 4242"], why
+        assert ("scontrol show job --oneliner 4242 failed with exit code 1: slurm_requeue error: Access/permission "
+                "denied; cannot tell whether SLURM is preempting the job: it is not requeued") in log_of(result, "rank0"), why
+        assert_stopped_after(assert_unison_stop(result, exit_code=128 + signal.SIGTERM), 2)
+        return
     asked = ["show job --oneliner 4242"] if case == "preempted" else []
     assert scontrol_calls(env) == [*asked, "requeue 4240_2" if array else "requeue 4242"], why
     if case == "scontrol-fails":  # the checkpoint is saved, but the job would not come back: say so, everywhere

@@ -38,10 +38,11 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
     return found
 
 
-def preempted(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> str | None:
+def preempted(environ: Mapping[str, str] | None = None, timeout: float = 10.0) -> str | None:
     """The ``PreemptTime`` of this job if SLURM is preempting it and lets it be requeued (``Requeue=1``:
     ``sbatch --requeue`` or the cluster's ``JobRequeue=1``), else None; raise :class:`RequeueError` if
-    ``scontrol`` cannot tell."""
+    ``scontrol`` cannot tell. Whatever the cluster's preemption mode: on a cluster that cancels preempted
+    jobs, a job submitted with ``--requeue`` is requeued (submit with ``--no-requeue`` to keep the cancel)."""
     job = job_id(environ)
     fields = dict(item.partition("=")[::2] for item in _scontrol("show", "job", "--oneliner", job,
                                                                    timeout=timeout).split())
@@ -63,7 +64,9 @@ def _scontrol(*args: str, timeout: float) -> str:
     """``scontrol``'s output, or :class:`RequeueError` with the command and its error."""
     command = ["scontrol", *args]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        # times as YYYY-MM-DDTHH:MM:SS, whatever the user's SLURM_TIME_FORMAT (preempted() compares them as text)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
+                              env={**os.environ, "SLURM_TIME_FORMAT": "standard"})
     except (OSError, subprocess.TimeoutExpired) as error:
         raise RequeueError(f"ddp_sigterm: {' '.join(command)} could not run: {error}") from error
     if done.returncode != 0:

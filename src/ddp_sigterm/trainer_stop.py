@@ -241,9 +241,11 @@ def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int)
 
 def _requeue(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
     """After the stop checkpoint, global rank 0 runs ``scontrol requeue`` once if the stop is the
-    requeue signal's or SLURM is preempting the job; every rank learns the outcome (a failure to ask
-    SLURM, or to requeue, raises :class:`StopError` everywhere). Returns, on rank 0 if it requeued the
-    job, ``"<job id> requeued: <why>"``."""
+    requeue signal's or SLURM is preempting the job; every rank learns the outcome (a failed requeue
+    raises :class:`StopError` everywhere). When ``scontrol show job`` cannot tell whether SLURM is
+    preempting the job, rank 0 warns with its error and does not requeue: the stop itself succeeded,
+    and a SIGTERM is most often not a preemption. Returns, on rank 0 if it requeued the job,
+    ``"<job id> requeued: <why>"``."""
     decision = coordinator.decision
     assert decision is not None
 
@@ -252,10 +254,16 @@ def _requeue(trainer: Any, coordinator: StopCoordinator, step: int) -> str | Non
             return None
         if decision.requeue:
             why = f"{signal.Signals(coordinator.requeue_signal).name} is its requeue signal"
-        elif preempt_time := slurm.preempted():
-            why = f"SLURM is preempting it (PreemptTime={preempt_time})"
         else:
-            return None
+            try:
+                preempt_time = slurm.preempted()
+            except slurm.RequeueError as error:
+                warnings.warn(f"{error}; cannot tell whether SLURM is preempting the job: it is not requeued",
+                              stacklevel=2)
+                return None
+            if preempt_time is None:
+                return None
+            why = f"SLURM is preempting it (PreemptTime={preempt_time})"
         return f"{slurm.requeue()} requeued: {why}"
 
     coordinator.activity = "`scontrol show job` / `scontrol requeue` (global rank 0)"
