@@ -2,14 +2,15 @@
 # PYTHON=... VENV=... build and use another interpreter's venv (.ci/run: the soak on Python 3.12).
 PYTHON ?= python3.11
 VENV ?= .venv
-VENV_251 := .venv-lightning-2.5.1
+VENV_TORCH := .venv-torch
 VENV_PATCHED := .venv-patched
 SERIES := patches/lightning-2.6.6
 PATCHED_WHEEL := dist/lightning-2.6.6+ddpsigterm-py3-none-any.whl
 PIP_FLAGS := --quiet --disable-pip-version-check
-# The scenarios marked lightning251, run by the 2.5.1 venv's Python (the version is asserted).
-PYTEST_251 := SCENARIO_PYTHON=$(CURDIR)/$(VENV_251)/bin/python SCENARIO_EXPECT_LIGHTNING=2.5.1 \
-	$(VENV)/bin/python -m pytest -ra -m lightning251 tests/test_scenarios.py
+# The Lightning releases make test-versions runs on (lightning and pytorch_lightning, each venv has both): before
+# #20825 (2.5.1), the first with it (2.5.2), the last 2.5.x, 2.6.0 and 2.6.6. _lightning/internals.py's CHECKED.
+VERSIONS := 2.5.1 2.5.2 2.5.6 2.6.0 2.6.6
+TORCH := $(shell sed -n 's/^torch==//p' requirements/constraints.txt)
 # The scenarios (and the Trainer example) marked patched, run by the patched Lightning (no ddp_sigterm there;
 # the version is asserted), then the test the patch series adds to Lightning's own suite.
 PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_IMPLEMENTATION=patched \
@@ -66,7 +67,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 		test_trainer_calls_datamodule_on_exception) \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
-.PHONY: test test-unit test-slurm test-lightning-2.5.1 test-lightning test-upstream upstream-trees patched-lightning test-patched \
+.PHONY: test test-unit lint test-versions test-long test-slurm test-lightning test-upstream upstream-trees patched-lightning test-patched \
 	soak bench bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
@@ -74,14 +75,29 @@ $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/tes
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
-	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt -e .
+	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt -e ".[lightning,pytorch-lightning]"
 	touch $@
 
-$(VENV_251)/.installed: pyproject.toml requirements/constraints-lightning-2.5.1.txt
-	rm -rf $(VENV_251)
-	$(PYTHON) -m venv $(VENV_251)
-	$(VENV_251)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-lightning-2.5.1.txt torch
-	$(VENV_251)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-lightning-2.5.1.txt -e .
+$(VENV)/.lint-installed: $(VENV)/.installed requirements/lint.txt
+	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/lint.txt
+	touch $@
+
+# make test-versions' venvs, one per release, with both lightning and pytorch-lightning of that release. torch is
+# shared: installed once in $(VENV_TORCH), whose site-packages each release's venv sees through a .pth file (pip
+# there counts it as installed), so a release costs its own few packages, not a torch.
+$(VENV_TORCH)/.installed: requirements/constraints.txt
+	rm -rf $(VENV_TORCH)
+	$(PYTHON) -m venv $(VENV_TORCH)
+	$(VENV_TORCH)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
+	touch $@
+
+.venv-lightning-%/.installed: $(VENV_TORCH)/.installed pyproject.toml requirements/test.txt
+	rm -rf $(@D)
+	$(PYTHON) -m venv $(@D)
+	$(VENV_TORCH)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> $$($(@D)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/torch-base.pth
+	$(@D)/bin/pip install $(PIP_FLAGS) -r requirements/test.txt torch==$(TORCH) lightning==$* pytorch-lightning==$*
+	$(@D)/bin/pip install $(PIP_FLAGS) --no-deps -e .
 	touch $@
 
 # Lightning 2.6.6 with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
@@ -126,17 +142,34 @@ venv: $(VENV)/.installed
 
 patched-lightning: $(VENV_PATCHED)/.installed
 
-# The whole suite: unit tests, the multi-process scenario matrix, then the lightning 2.5.1 subset (the SLURM tests
-# have their own target: they need root and a cluster).
-test: $(VENV)/.installed $(VENV_251)/.installed
-	$(VENV)/bin/python -m pytest -ra -m "not slurm"
-	$(PYTEST_251)
+# The README's test command: unit tests and the multi-process scenarios on Lightning 2.6.6 (pyproject.toml's addopts
+# leave out the targets below: the release matrix, the long repetitions, SLURM).
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -ra
+
+# ruff (Lightning's rule set) on everything, mypy --strict on src/.
+lint: $(VENV)/.lint-installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+# On every release of $(VERSIONS): the canary (every Lightning internal the package reaches is there, for both
+# distributions, run by that release's Python) and the scenarios marked `versions` (rank 0 and rank 1 signalled at
+# batch 2, then resume, for lightning.pytorch and pytorch_lightning; the release is asserted in each rank's outcome).
+test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.installed)
+	@set -e; for v in $(VERSIONS); do \
+		echo "== Lightning $$v"; \
+		CANARY_DISTRIBUTIONS=lightning,pytorch_lightning .venv-lightning-$$v/bin/python -m pytest -ra -q \
+			-p no:cacheprovider tests/test_internals.py; \
+		SCENARIO_PYTHON=$(CURDIR)/.venv-lightning-$$v/bin/python SCENARIO_EXPECT_LIGHTNING=$$v \
+			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
+	done
+
+# Jobs repeated to catch what happens now and then (gloo's abort at exit).
+test-long: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -ra -m long
 
 test-unit: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -ra -m "not scenario"
-
-test-lightning-2.5.1: $(VENV)/.installed $(VENV_251)/.installed
-	$(PYTEST_251)
+	$(VENV)/bin/python -m pytest -ra -m "not scenario and not slurm"
 
 # Lightning's tests of the signal connector, callback connector, loops and auto-restart, with the package installed:
 # every test must end as it does on stock Lightning, but for the accepted differences listed in the script.
@@ -191,5 +224,5 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py
 
 clean:
-	rm -rf $(VENV) .venv-py3.* $(VENV_251) $(VENV_PATCHED) $(VENV_UPSTREAM) $(VENV_UPSTREAM_PATCHED) build dist \
+	rm -rf $(VENV) .venv-py3.* .venv-lightning-* $(VENV_TORCH) $(VENV_PATCHED) $(VENV_UPSTREAM) $(VENV_UPSTREAM_PATCHED) build dist \
 		src/*.egg-info .pytest_cache

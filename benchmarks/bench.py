@@ -305,8 +305,10 @@ def main() -> None:
     costs: dict[int, dict[float, dict]] = {}
     for ranks in [int(r) for r in args.ranks.split(",")]:
         for step_ms in step_times:
-            summary = measure_cost(step_ms, ranks, args.target_reps, longer=TARGET_LONGER) if ranks == TARGET_RANKS else \
-                measure_cost(step_ms, ranks, args.reps)
+            if ranks == TARGET_RANKS:
+                summary = measure_cost(step_ms, ranks, args.target_reps, longer=TARGET_LONGER)
+            else:
+                summary = measure_cost(step_ms, ranks, args.reps)
             costs.setdefault(ranks, {})[step_ms] = summary
             for mode, row in summary.items():
                 print(f"cost, {ranks} ranks{oversubscribed(ranks)}, {step_ms:g} ms work: {LABELS[mode]:14s} "

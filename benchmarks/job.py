@@ -32,11 +32,10 @@ import os
 import signal
 import time
 
-import torch
-from torch.utils.data import DataLoader, TensorDataset
-
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader, TensorDataset
 
 ENV = os.environ
 OUT = ENV["SCENARIO_OUT"]
@@ -128,7 +127,7 @@ class HeartbeatCost(Callback):
         self.waited = 0.0
         self.started = time.perf_counter()
         self.cost: dict | None = None
-        for module, name in (("ddp_sigterm.heartbeat", "Heartbeat"),
+        for module, name in (("ddp_sigterm._core.heartbeat", "Heartbeat"),
                              ("lightning.pytorch.trainer.connectors.signal_connector", "_SigtermHeartbeat")):
             try:
                 kind = getattr(__import__(module, fromlist=[name]), name)

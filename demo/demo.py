@@ -33,8 +33,8 @@ def table(title: str, result: JobResult) -> None:
             continue
         stop = outcome["stop"] or {}
         received = "yes (injected)" if outcome["injected_at"] else ("yes" if stop.get("received_at") else "no")
-        print(f"{rank:>4}  {received:<16} {outcome['batches_started']:>11} {outcome['global_step']:>10} {code_text:>9}  "
-              f"{outcome['exception'] or 'finished'}")
+        print(f"{rank:>4}  {received:<16} {outcome['batches_started']:>11} {outcome['global_step']:>10} "
+              f"{code_text:>9}  {outcome['exception'] or 'finished'}")
     ckpts = result.checkpoints()
     print("checkpoint: " + (", ".join(f"{p.name}" for p in ckpts) if ckpts else "none"))
 

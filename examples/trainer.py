@@ -19,8 +19,8 @@ import os
 import time
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import OnExceptionCheckpoint
 import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 

@@ -13,6 +13,7 @@ the same scenarios run against any environment (stock, patched, older Lightning)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -243,10 +244,8 @@ def supervise(
         for pgid in groups:
             _kill_group(pgid)
         for proc in procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # a process that survives SIGKILL: reported below
                 proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
-                pass
     returncodes = {label: (None if label not in exited_at and _killed(p) else p.returncode)
                    for label, p in procs.items()}
     return Supervised(timed_out, returncodes, logs, time.monotonic() - started, exited_at, left_behind)
@@ -329,10 +328,8 @@ def _tree(root: int) -> list[int]:
 
 
 def _signal_pid(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _job_groups(procs: dict[str, subprocess.Popen]) -> set[int]:
@@ -349,10 +346,8 @@ def _pgid(pid: int) -> int | None:
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _killed(proc: subprocess.Popen) -> bool:

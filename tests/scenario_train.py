@@ -173,7 +173,8 @@ class Injector(Callback):
 
     def setup(self, trainer, pl_module, stage):
         self.rank = trainer.global_rank
-        self.progress = open(os.path.join(OUT, f"progress.rank{self.rank}"), "a", buffering=1)
+        # open for the whole run, line-buffered: the test reads it while the job runs
+        self.progress = open(os.path.join(OUT, f"progress.rank{self.rank}"), "a", buffering=1)  # noqa: SIM115
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batch += 1
@@ -267,7 +268,7 @@ def left_behind(threads_before: set[int]) -> dict:
 
 
 def lock(path: str) -> None:
-    os.chmod(path, 0o555)
+    os.chmod(path, 0o555)  # noqa: S103 - read-only for everyone is the point: the save must fail
     if os.geteuid() == 0:  # root writes anywhere a mode allows nothing; an immutable directory stops it
         subprocess.run(["chattr", "+i", path], check=True)
 

@@ -115,7 +115,7 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
         # a stop inside a validation round resumes at the next training batch: same count
         assert started == {MAX_STEPS - step}, f"resumed run started {started} batches\n{resumed.describe()}"
         facts["elapsed"] += round(resumed.elapsed, 1)
-    except Exception as failure:  # noqa: BLE001 - any failure is this run's, recorded; the soak goes on
+    except Exception as failure:
         return False, f"{type(failure).__name__}: {failure}", facts
     return True, "", facts
 
@@ -167,7 +167,10 @@ def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -
             if f":{phase}" in row["inject"]:
                 phases[phase] = phases.get(phase, 0) + 1
     venv = Path(sys.prefix).name
-    make = f"make soak N={len(rows)} SEED={seed}" + ("" if venv == ".venv" else f" PYTHON={sys._base_executable} VENV={venv}")
+    make = f"make soak N={len(rows)} SEED={seed}"
+    if venv != ".venv":
+        make += f" PYTHON={sys._base_executable} VENV={venv}"
+    phase_counts = ", ".join(f"{k}: {v}" for k, v in sorted(phases.items()))
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("torch", "lightning"))
     return f"""Last recorded soak: `{make}`: **{len(rows)} runs, {len(failures)} failed**, \
 {minutes:.0f} minutes on the 2-core machine; Python {platform.python_version()}, {versions}. \
@@ -180,7 +183,7 @@ CI runs `make soak N=10` with a new seed each time.
 | signal | {count("signal")} (SIGUSR1: SLURM's requeue signal; `scontrol requeue` called once) |
 | signalled | {count("who")} ("all": every process from outside, DataLoader workers included) |
 | DataLoader workers | {count("workers")} |
-| phase of an injected signal | {", ".join(f"{k}: {v}" for k, v in sorted(phases.items()))} ("save": a second signal while the stop checkpoint is written) |
+| phase of an injected signal | {phase_counts} ("save": a second signal while the stop checkpoint is written) |
 
 Failures: {", ".join(f"run {r}" for r in failures) if failures else "none"}.
 Replay one run: `{venv}/bin/python tests/soak.py 1 --seed {seed} --only <run>`.

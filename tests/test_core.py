@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,22 +18,26 @@ import pytest
 import torch
 
 from ddp_sigterm import Settings, SettingsError, StopCoordinator, slurm
-from ddp_sigterm.cadence import Cadence
-from ddp_sigterm.deadline import GAVE_UP_EXIT_CODE, Deadline
-from ddp_sigterm.signals import SignalRecorder
+from ddp_sigterm._core.cadence import Cadence
+from ddp_sigterm._core.deadline import GAVE_UP_EXIT_CODE, Deadline
+from ddp_sigterm._core.signals import SignalRecorder
 
 
 # -- settings -------------------------------------------------------------------------------------
 def test_settings_defaults_and_environment_precedence() -> None:
-    assert Settings().max_delay == 1.0 and Settings().signals == ("SIGTERM",)
+    assert Settings().max_delay == 1.0
+    assert Settings().signals == ("SIGTERM",)
     code = Settings.resolve(environ={}, max_delay=0.5)
     assert code.max_delay == 0.5
     env = Settings.resolve(environ={"DDP_SIGTERM_MAX_DELAY": "2.5", "DDP_SIGTERM_SIGNALS": "term, usr2"}, max_delay=0.5)
     assert env.max_delay == 2.5  # the environment overrides the code
     assert env.signals == ("SIGTERM", "SIGUSR2")
     assert Settings.resolve(environ={"DDP_SIGTERM": "0"}).enabled is False
-    assert Settings().stop_deadline == 25.0 and Settings().destroy_at_exit is True
+    assert Settings().stop_deadline == 25.0
+    assert Settings().destroy_at_exit is True
     assert Settings.resolve(environ={"DDP_SIGTERM_STOP_DEADLINE": "inf"}).stop_deadline == math.inf
+    assert Settings().log_level == "INFO"
+    assert Settings.resolve(environ={"DDP_SIGTERM_LOG_LEVEL": " warning"}).log_level == "WARNING"
 
 
 @pytest.mark.parametrize(
@@ -47,6 +53,7 @@ def test_settings_defaults_and_environment_precedence() -> None:
         ({"DDP_SIGTERM_STOP_DEADLINE": "0"}, "stop_deadline must be a positive number of seconds or inf"),
         ({"DDP_SIGTERM_STOP_DEADLINE": "nan"}, "stop_deadline must be a positive number of seconds or inf"),
         ({"DDP_SIGTERM_DESTROY_AT_EXIT": "sometimes"}, "DDP_SIGTERM_DESTROY_AT_EXIT='sometimes': expected one of"),
+        ({"DDP_SIGTERM_LOG_LEVEL": "LOUD"}, "log_level must be a logging level such as INFO or WARNING, got 'LOUD'"),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(environ: dict[str, str], message: str) -> None:
@@ -87,15 +94,18 @@ def test_recorder_records_chains_and_restores() -> None:
         recorder = SignalRecorder((signal.SIGUSR2,))
         recorder.install()
         os.kill(os.getpid(), signal.SIGUSR2)
-        assert recorder.signum == signal.SIGUSR2 and recorder.received_at is not None
+        assert recorder.signum == signal.SIGUSR2
+        assert recorder.received_at is not None
         assert seen == [signal.SIGUSR2]  # the user's handler still ran
         first = recorder.received_at
         os.kill(os.getpid(), signal.SIGUSR2)
-        assert recorder.count == 2 and recorder.received_at == first  # the first signal is kept
+        assert recorder.count == 2
+        assert recorder.received_at == first
         recorder.restore()
         recorder.restore()  # twice is fine
         os.kill(os.getpid(), signal.SIGUSR2)
-        assert recorder.count == 2 and seen == [signal.SIGUSR2] * 3
+        assert recorder.count == 2
+        assert seen == [signal.SIGUSR2] * 3
     finally:
         signal.signal(signal.SIGUSR2, previous)
 
@@ -133,7 +143,8 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
         recorder.restore()
     loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork",
                                          batch_size=None, timeout=60)
-    with pytest.raises(RuntimeError, match="DataLoader worker .* (killed by signal|exited unexpectedly)"):  # unprotected
+    # unprotected
+    with pytest.raises(RuntimeError, match="DataLoader worker .* (killed by signal|exited unexpectedly)"):
         list(loader)
 
 
@@ -149,17 +160,55 @@ def test_importing_the_package_registers_nothing() -> None:
         "threads = threading.active_count()\n"
         "import torch, lightning.pytorch, pytorch_lightning  # what they register is theirs\n"
         "registered.clear()\n"
-        "import ddp_sigterm, ddp_sigterm.fabric, ddp_sigterm.lightning_integration\n"
-        "import ddp_sigterm.pytorch_lightning_integration, ddp_sigterm.heartbeat, ddp_sigterm.deadline\n"
+        "import importlib, pkgutil, ddp_sigterm\n"
+        "modules = [m.name for m in pkgutil.walk_packages(ddp_sigterm.__path__, 'ddp_sigterm.')]\n"
+        "assert len(modules) > 10 and 'ddp_sigterm._lightning.internals' in modules, modules\n"
+        "for name in modules: importlib.import_module(name)\n"
         "assert registered == [], registered\n"
         "assert threading.active_count() == threads\n"
         "assert {s: signal.getsignal(s) for s in handlers} == handlers\n"
     )
+    run_python(script)
+
+
+def run_python(script: str) -> None:
+    """Run ``script`` in a fresh interpreter (nothing imported yet); its assertions must hold."""
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_the_core_imports_no_lightning() -> None:
+    """The core needs torch only: ``pip install ddp_sigterm`` without the [lightning] extra works."""
+    script = (
+        "import sys, ddp_sigterm, ddp_sigterm.slurm, ddp_sigterm._core.coordinator, ddp_sigterm._core.stop_save\n"
+        "found = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "               ('lightning', 'pytorch_lightning', 'lightning_fabric', 'lightning_utilities'))\n"
+        "assert not found, found\n"
+    )
+    run_python(script)
+
+
 # -- the coordinator without a process group ------------------------------------------------------
+@pytest.mark.parametrize("level", ["INFO", "WARNING"])
+def test_a_stop_is_logged_at_info(caplog, level: str) -> None:
+    coordinator = StopCoordinator(Settings.resolve(environ={"DDP_SIGTERM_LOG_LEVEL": level}, signals=("SIGUSR2",)))
+    coordinator.start()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="root"):
+            assert not coordinator.should_stop(2)
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert coordinator.should_stop(3)
+    finally:
+        coordinator.close()
+    stops = [r.getMessage() for r in caplog.records if r.name == "ddp_sigterm"]
+    if level == "WARNING":
+        assert stops == []
+    else:
+        (line,) = stops
+        assert re.fullmatch(r"rank 0 of 1: SIGUSR2 received here at \S+ \S+ \([0-9.]+ s, 0 step boundaries before "
+                            r"the agreement\); every rank stops at step 3 \(boundary 2\)", line), line
+
+
 def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
     coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))
     before = signal.getsignal(signal.SIGUSR2)
@@ -170,7 +219,8 @@ def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
         os.kill(os.getpid(), signal.SIGUSR2)
         assert coordinator.should_stop(3) is True
         assert coordinator.exit_code == 128 + signal.SIGUSR2
-        assert coordinator.decision.step == 3 and coordinator.decision.boundaries_since_signal == 0
+        assert coordinator.decision.step == 3
+        assert coordinator.decision.boundaries_since_signal == 0
     finally:
         coordinator.close()
         coordinator.close()
@@ -216,8 +266,8 @@ def test_a_signal_after_the_last_agreement_is_not_swallowed(previous: str) -> No
 # recording handler runs (PEP 475 retries the read), the stop is never decided.
 _BLOCKED = """
 import os, signal, sys
-from ddp_sigterm.deadline import Deadline
-from ddp_sigterm.signals import SignalRecorder
+from ddp_sigterm._core.deadline import Deadline
+from ddp_sigterm._core.signals import SignalRecorder
 SignalRecorder((signal.SIGTERM,)).install()
 Deadline(float(sys.argv[1]), (signal.SIGTERM,), "rank 0 of 2", lambda: "a peer that never answers").start()
 print("ready", flush=True)
@@ -248,7 +298,8 @@ def test_deadline_ends_a_blocked_process_with_the_reason(signals: int) -> None:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
     assert child.returncode == GAVE_UP_EXIT_CODE, err
-    assert "ddp_sigterm: rank 0 of 2: " in err and "it was waiting for a peer that never answers" in err, err
+    assert "ddp_sigterm: rank 0 of 2: " in err, err
+    assert "it was waiting for a peer that never answers" in err, err
     if signals < 3:
         assert "did not complete within stop_deadline=2 s of the first SIGTERM" in err
         assert 1.9 < took < 30, took
@@ -279,8 +330,9 @@ def test_slurm_tells_a_preemption_from_other_sigterms(tmp_path: Path, monkeypatc
     """What ``scontrol show job --oneliner`` prints (22.05, as seen on tests/test_slurm.py's cluster)
     decides; a failing ``scontrol`` raises with its output."""
     scontrol = tmp_path / "scontrol"
-    scontrol.write_text(f'#!/bin/sh\n[ "$*" = "show job --oneliner 77" ] || exit 3\n'
-                        f'echo "JobId=77 JobName=train JobState=RUNNING Reason=None {fields} Command=/x/train.sbatch"\n')
+    scontrol.write_text('#!/bin/sh\n[ "$*" = "show job --oneliner 77" ] || exit 3\n'
+                        f'echo "JobId=77 JobName=train JobState=RUNNING Reason=None {fields} '
+                        'Command=/x/train.sbatch"\n')
     scontrol.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     assert slurm.preempted({"SLURM_JOB_ID": "77"}) == preempted
@@ -293,7 +345,7 @@ def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> Non
     that block SIGTERM must still end (found by the soak: a stop during validation, persistent workers)."""
     script = (
         "import signal, torch\n"
-        "from ddp_sigterm.signals import SignalRecorder\n"
+        "from ddp_sigterm._core.signals import SignalRecorder\n"
         "SignalRecorder((signal.SIGTERM,)).install()\n"
         "loader = torch.utils.data.DataLoader(list(range(64)), num_workers=2, persistent_workers=True,\n"
         "                                     multiprocessing_context='fork')\n"
@@ -330,13 +382,14 @@ def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() 
             coordinator.start(install_handlers=False)
             assert coordinator.should_stop(0) is False
             coordinator.close()
-        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+        except BaseException as error:
             failures.append(error)
 
     thread = threading.Thread(target=train)
     thread.start()
     thread.join(timeout=60)
-    assert not thread.is_alive() and failures == []
+    assert not thread.is_alive()
+    assert failures == []
 
 
 def test_save_in_unison_names_the_file_only_when_it_was_written(tmp_path) -> None:
@@ -352,8 +405,10 @@ def test_save_in_unison_names_the_file_only_when_it_was_written(tmp_path) -> Non
         os.kill(os.getpid(), signal.SIGUSR2)
         assert stop.should_stop(7)
         path = tmp_path / "step-7.ckpt"
-        assert save_in_unison(stop, lambda partial: torch.save({"step": 7}, partial), str(path), writer=True) == str(path)
-        assert torch.load(path)["step"] == 7 and sorted(p.name for p in tmp_path.iterdir()) == ["step-7.ckpt"]
+        saved = save_in_unison(stop, lambda partial: torch.save({"step": 7}, partial), str(path), writer=True)
+        assert saved == str(path)
+        assert torch.load(path)["step"] == 7
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-7.ckpt"]
 
         with pytest.raises(StopError, match=r"rank 0: every rank stopped at step 7, but saving the stop checkpoint "
                                             r"of step 7 in .* failed: OSError: .* is missing after a save"):

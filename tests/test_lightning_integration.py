@@ -5,6 +5,7 @@ Fabric callback."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import importlib
 import os
@@ -203,7 +204,8 @@ def test_fabric_explicit_settings_win_and_opt_out_is_inert(fabric_package, monke
     fabric = fabric_package.Fabric(accelerator="cpu", devices=1, callbacks=[explicit])
     stop = unison_stop(fabric)
     try:
-        assert explicit.coordinator is stop and stop.settings.max_delay == 0.5
+        assert explicit.coordinator is stop
+        assert stop.settings.max_delay == 0.5
     finally:
         stop.close()
 
@@ -213,7 +215,8 @@ def test_fabric_explicit_settings_win_and_opt_out_is_inert(fabric_package, monke
     assert not [cb for cb in fabric._callbacks if isinstance(cb, FabricStop)]
     stop = unison_stop(fabric)
     assert signal.getsignal(signal.SIGTERM) == before  # no handler: SIGTERM ends the script as before
-    assert not stop.should_stop(1) and not stop.decide_now(1)
+    assert not stop.should_stop(1)
+    assert not stop.decide_now(1)
     stop.close()
 
 
@@ -225,7 +228,7 @@ def test_agreed_stop_retires_the_launchers_child_watch(fabric_package, retired: 
     watch must stand down. A stand-in 'main' process takes the SIGKILL the real one would get."""
     import subprocess
 
-    from ddp_sigterm.launcher_watch import retire_child_watch
+    from ddp_sigterm._lightning.internals import retire_child_watch
 
     launchers = importlib.import_module(f"{fabric_package.__name__}.strategies.launchers.subprocess_script")
     main = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -238,10 +241,8 @@ def test_agreed_stop_retires_the_launchers_child_watch(fabric_package, retired: 
         child.wait(timeout=30)
         watch.join(timeout=30)
         assert not watch.is_alive()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             main.wait(timeout=2)  # a SIGKILL sent by the watch has landed by then
-        except subprocess.TimeoutExpired:
-            pass
         main_survived = main.returncode is None
         assert main_survived == retired, "the watch SIGKILLed the launcher's process" if retired else "control: no kill"
     finally:

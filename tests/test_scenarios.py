@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-
 from harness import HERE, JobResult, OutsideSignal, run_job
 
 pytestmark = pytest.mark.scenario
@@ -132,7 +132,6 @@ def fit(tmp: Path, mode: str = "independent", world_size: int = 2, inject: str =
 
 # -- the regression test from the original proposal ---------------------------------------------
 @patched
-@pytest.mark.lightning251
 def test_seed_sigterm_rank0_batch2_stops_every_rank_and_resumes(tmp_path: Path) -> None:
     result = fit(tmp_path, inject="0:2:forward")
     step = assert_unison_stop(result)
@@ -143,9 +142,26 @@ def test_seed_sigterm_rank0_batch2_stops_every_rank_and_resumes(tmp_path: Path) 
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
 
 
+def test_every_rank_logs_the_stop(tmp_path: Path) -> None:
+    """What an operator greps for after a preemption, on every rank: the signal, the rank that received it and
+    when, the agreed step, the checkpoint and how long saving it took."""
+    result = fit(tmp_path, inject="1:2:forward")
+    step = assert_unison_stop(result)
+    logs = {rank: result.logs[f"rank{rank}"].read_text(errors="replace") for rank in (0, 1)}
+    why = result.describe()
+    signalled = (rf"ddp_sigterm INFO rank 1 of 2: SIGTERM received here at \d{{4}}-\d\d-\d\d [0-9:.]+ \([0-9.]+ s"
+                 rf"(, \d+ step boundaries)? before the agreement\); every rank stops at step {step} ")
+    assert re.search(signalled, logs[1]), why
+    assert (f"ddp_sigterm INFO rank 0 of 2: SIGTERM received by rank 1, not here; every rank stops at step {step} "
+            in logs[0]), why
+    (path,) = result.checkpoints()
+    for rank, log in logs.items():
+        assert re.search(rf"rank {rank} of 2: the stop checkpoint of step {step} is saved: {re.escape(str(path))} "
+                         r"\([0-9.]+ s, every rank\)", log), why
+
+
 # -- whichever rank, whichever phase, however launched -------------------------------------------
 @patched
-@pytest.mark.lightning251
 def test_nonzero_rank_signalled_after_optimizer_step(tmp_path: Path) -> None:
     result = fit(tmp_path, inject="1:2:optimizer")
     assert_stopped_after(assert_unison_stop(result), 2)
@@ -212,12 +228,30 @@ def test_plain_loop_on_a_subset_of_the_ranks(tmp_path: Path) -> None:
     result = run_job(tmp_path, mode="torchrun", world_size=3, timeout=MUST_FINISH, script=HERE / "plain_loop.py",
                      scenario={"SCENARIO_INJECT": "1:3", "SCENARIO_MAX_STEPS": "80", "SCENARIO_GROUP_RANKS": "0,1"})
     why = result.describe()
-    assert not result.timed_out and sorted(result.outcomes) == [0, 1, 2], why
-    assert result.outcomes[2].get("idle") and result.outcomes[2]["exit_code"] == 0, why
+    assert not result.timed_out, why
+    assert sorted(result.outcomes) == [0, 1, 2], why
+    assert result.outcomes[2].get("idle"), why
+    assert result.outcomes[2]["exit_code"] == 0, why
     stopped = [result.outcomes[rank] for rank in (0, 1)]
     assert [(o["exception"], o["exit_code"]) for o in stopped] == [("SIGTERMException", SIGTERM_EXIT)] * 2, why
     assert stopped[0]["global_step"] == stopped[1]["global_step"], why
     assert_stopped_after(stopped[0]["global_step"], 3)
+
+
+@pytest.mark.versions
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+def test_release_stops_in_unison_and_resumes(tmp_path: Path, package: str, rank: int) -> None:
+    """Each release of make test-versions, both distributions: rank 0 or rank 1 signalled at batch 2, every rank
+    stops at the same step with one checkpoint, and the next run resumes from it and finishes."""
+    trainer = {"SCENARIO_LIGHTNING": package}
+    result = fit(tmp_path, inject=f"{rank}:2:forward", **trainer)
+    assert {o["trainer_package"] for o in result.outcomes.values()} == {package}, result.describe()
+    step = assert_unison_stop(result)
+    assert_stopped_after(step, 2)
+    resumed = fit(tmp_path, SCENARIO_RESUME="1", **trainer)
+    assert_finished(resumed, steps=12)
+    assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
 
 
 def test_standalone_pytorch_lightning_package_stops_in_unison_and_resumes(tmp_path: Path) -> None:
@@ -373,6 +407,9 @@ def test_no_signal_trains_exactly_like_stock_lightning(tmp_path: Path) -> None:
     assert all("UnisonStop" not in o["callbacks"] for o in stock.outcomes.values()), stock.describe()
     assert {o["weights"] for o in ours.outcomes.values()} == {o["weights"] for o in stock.outcomes.values()}
     assert ours.checkpoints() == []
+    for label, log in ours.logs.items():  # a run that gets no signal logs nothing (Lightning names the entry point)
+        said = re.findall(r".*ddp_sigterm(?: [A-Z]+ |: ).*", log.read_text(errors="replace"))
+        assert said == [], f"{label}: {said}\n{ours.describe()}"
     # the patched build destroys a gloo default group at exit (PR 2), as Lightning does for NCCL: its purpose
     by_design = {"lightning.fabric.utilities.distributed._destroy_dist_connection"} if not package else set()
     for rank in range(2):
@@ -398,7 +435,8 @@ def test_one_device_test_after_a_multi_device_fit(tmp_path: Path, mode: str, sig
     why = result.describe()
     assert not result.timed_out, f"hung\n{why}"
     assert sorted(result.outcomes) == [0, 1], why
-    assert result.outcomes[1]["exception"] is None and result.outcomes[1]["global_step"] == 12, why
+    assert result.outcomes[1]["exception"] is None, why
+    assert result.outcomes[1]["global_step"] == 12, why
     rank0 = result.outcomes[0]
     rank0_code = result.returncodes["launcher" if mode == "lightning" else "rank0"]
     if not signalled:

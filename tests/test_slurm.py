@@ -193,13 +193,15 @@ def assert_stopped_together(job: Job, run: str, script: str, signum_exit: int, r
     a task may be killed on its way out, after the checkpoint and the requeue."""
     why = job.describe()
     stops = per_rank(r"stopped at step (\d+)", run)
-    assert sorted(stops) == [0, 1] and len(set(stops.values())) == 1, f"stops {stops}\n{why}"
+    assert sorted(stops) == [0, 1], f"stops {stops}\n{why}"
+    assert len(set(stops.values())) == 1, f"stops {stops}\n{why}"
     (step,) = set(stops.values())
     done = steps_done(run)
     assert all(max(done[rank]) == step for rank in (0, 1)), f"a rank went past step {step}\n{why}"
     codes = task_exit_codes(run)
-    assert sorted(codes) == [0, 1] and set(codes.values()) <= ({signum_exit, KILLED} if requeued else {signum_exit}), \
-        f"task exit codes {codes}\n{why}"
+    assert sorted(codes) == [0, 1], f"task exit codes {codes}\n{why}"
+    expected = {signum_exit, KILLED} if requeued else {signum_exit}
+    assert set(codes.values()) <= expected, f"task exit codes {codes}\n{why}"
     if job.implementation == "patched" and requeued:  # Lightning's requeue handler saved hpc_ckpt_<N>.ckpt before
         held = torch.load(job.root / "on_exception.ckpt", map_location="cpu", weights_only=False)["global_step"]
     else:
@@ -237,7 +239,8 @@ def test_scancel_signal_term_stops_every_rank_at_one_step(cluster, tmp_path: Pat
            f"ExitCode={fields['ExitCode']}`, stopped at step {step}", f"ended ≤ {ended:.1f} s after scancel")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="SLURM 22.05's srun answers a SIGTERM by SIGKILLing its tasks ('forcing job "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="SLURM 22.05's srun answers a SIGTERM by SIGKILLing its tasks ('forcing job "
                    "termination'), and --full signals srun too (it runs in the batch step): the ranks are killed "
                    "before any can save. No sbatch script can shield srun: docs/slurm.md says to leave --full out")
 def test_scancel_full_reaches_srun_which_kills_the_tasks(cluster, tmp_path: Path) -> None:
@@ -318,7 +321,8 @@ def test_preempted_job_stops_within_the_grace_time_is_requeued_and_finishes(clus
     assert_resumed_and_finished(job, runs[1], step, max_steps)
     job.assert_nothing_left()
     report("preemption, package", job, f"1st run: `PreemptTime={preempt_time.group(1)}` (rank 0's `scontrol show "
-           f"job`), then `JobState={requeued['JobState']} Reason={requeued['Reason']} Restarts={requeued['Restarts']}`, "
+           f"job`), then `JobState={requeued['JobState']} Reason={requeued['Reason']} "
+           f"Restarts={requeued['Restarts']}`, "
            f"stopped at step {step} ({codes_text(runs[0])}); 2nd: `JobState={fields['JobState']} "
            f"ExitCode={fields['ExitCode']}`", f"requeued {stopped_in:.1f} s after the high job's sbatch "
            f"(GraceTime={slurm_cluster.GRACE_TIME}); in all {time.monotonic() - job.submitted:.0f} s")

@@ -31,6 +31,7 @@ listed in PENDING, with the reason. Tests failing in both trees are notes (this 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -84,8 +85,10 @@ class Run:
                  if self.count(o) or (every_count and o != "error")]
         counts = ", ".join(f"{self.count(o)} {o}" for o in shown)
         if not self.finished:
-            return f"{self.name}: pytest ended with exit code {self.returncode} before writing its report (log: {self.log})"
-        return f"{self.name}: {len(self.outcomes)} tests, {counts}" + (f" ({self.seconds:.0f} s)" if every_count else "")
+            return (f"{self.name}: pytest ended with exit code {self.returncode} before writing its report "
+                    f"(log: {self.log})")
+        seconds = f" ({self.seconds:.0f} s)" if every_count else ""
+        return f"{self.name}: {len(self.outcomes)} tests, {counts}{seconds}"
 
 
 def extract(tar: tarfile.TarFile, into: Path) -> Path:
@@ -124,10 +127,8 @@ def run(name: str, tests: Path, files: list[str], env: dict[str, str], out: Path
             returncode = -1
             output.write(f"\nupstream_suite: pytest did not finish within {RUN_TIMEOUT} s\n")
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait()
     seconds = time.monotonic() - start
     finished = report.exists()
@@ -137,7 +138,7 @@ def run(name: str, tests: Path, files: list[str], env: dict[str, str], out: Path
 def read_junit(report: Path, tests: Path) -> dict[str, str]:
     """test id ("<file relative to tests/>::[Class::]name") -> outcome."""
     outcomes = {}
-    for case in ElementTree.parse(report).iter("testcase"):
+    for case in ElementTree.parse(report).iter("testcase"):  # noqa: S314 - pytest's own report, written here
         parts = case.get("classname", "").split(".")
         if parts[0] == tests.name:  # junit names modules from the rootdir, the archive's top folder
             parts = parts[1:]
@@ -374,7 +375,8 @@ def compare_trees(args: argparse.Namespace) -> int:
         elif after is None:
             worse, verdict, shown = True, f"{test_id}: {before} unpatched, not run patched", "DISAPPEARED: "
         else:
-            worse, verdict = after in FAILING and before not in FAILING, f"{test_id}: unpatched {before}, patched {after}"
+            worse = after in FAILING and before not in FAILING
+            verdict = f"{test_id}: unpatched {before}, patched {after}"
             shown = "REGRESSION: " if worse else "fixed by the series: " if before in FAILING and after == "passed" \
                 else "changed: "
         if not worse:

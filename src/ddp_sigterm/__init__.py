@@ -1,19 +1,26 @@
 """ddp_sigterm: every DDP rank stops at the same step on SIGTERM, saves one checkpoint, exits 128+signal.
 
-The core (:class:`StopCoordinator`, :class:`Settings`) needs torch only. The Lightning callback,
-:class:`UnisonStop` (for ``lightning.pytorch``), is imported on first use so that ``import ddp_sigterm``
-does not import Lightning; ``ddp_sigterm.pytorch_lightning_integration.UnisonStop`` is the one for
-the standalone ``pytorch_lightning``, and ``ddp_sigterm.fabric`` serves Fabric loops.
+The public API. The core (:class:`StopCoordinator`, :class:`Settings`, :func:`save_in_unison`) needs
+torch only; importing it registers no hook and starts nothing (starting a coordinator does). The
+Lightning integrations need ``pip install ddp_sigterm[lightning]`` (or ``[pytorch-lightning]``):
+:class:`UnisonStop`, the Trainer callback for ``lightning.pytorch``, is imported on first use so that
+``import ddp_sigterm`` does not import Lightning; ``ddp_sigterm.pytorch_lightning_integration.UnisonStop``
+is the one for the standalone ``pytorch_lightning``; :mod:`ddp_sigterm.fabric` serves Fabric loops and
+:mod:`ddp_sigterm.slurm` requeues a SLURM job.
+
+Layout: ``_core/`` is the framework-agnostic core (signals, agreement, cadence, heartbeat, deadline,
+coordinator, checked save, log); ``_lightning/`` is what the Trainer and Fabric integrations share,
+with every private name of Lightning in ``_lightning/internals.py``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ddp_sigterm.agreement import AgreementError
-from ddp_sigterm.coordinator import StopCoordinator, StopDecision
-from ddp_sigterm.settings import Settings, SettingsError
-from ddp_sigterm.stop_save import StopError, save_in_unison
+from ddp_sigterm._core.agreement import AgreementError
+from ddp_sigterm._core.coordinator import StopCoordinator, StopDecision
+from ddp_sigterm._core.settings import Settings, SettingsError
+from ddp_sigterm._core.stop_save import StopError, save_in_unison
 
 __version__ = "0.1.0"
 __all__ = ["AgreementError", "Settings", "SettingsError", "StopCoordinator", "StopDecision", "StopError", "UnisonStop",
@@ -22,12 +29,10 @@ __all__ = ["AgreementError", "Settings", "SettingsError", "StopCoordinator", "St
 
 def __getattr__(name: str) -> Any:
     if name == "UnisonStop":
-        from lightning_utilities.core.imports import RequirementCache
-
-        lightning = RequirementCache("lightning>=2.5.1")
-        if not lightning:
-            raise ModuleNotFoundError(f"ddp_sigterm.{name} is the Lightning integration: {lightning.message}")
-        from ddp_sigterm import lightning_integration
-
-        return getattr(lightning_integration, name)
+        try:
+            from ddp_sigterm import lightning_integration
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(f"ddp_sigterm.UnisonStop is the Lightning integration, which needs lightning "
+                                      f"(pip install 'ddp_sigterm[lightning]'): {error}") from error
+        return lightning_integration.UnisonStop
     raise AttributeError(f"module 'ddp_sigterm' has no attribute {name!r}")

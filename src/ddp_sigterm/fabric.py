@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_sigterm.coordinator import StopCoordinator
-from ddp_sigterm.registration import Integration, acting
-from ddp_sigterm.settings import Settings
-from ddp_sigterm.stop_save import save_in_unison
+from ddp_sigterm._core.coordinator import StopCoordinator
+from ddp_sigterm._core.settings import Settings
+from ddp_sigterm._core.stop_save import save_in_unison
+from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning.registration import Integration, acting
 
 
 class FabricStop(Integration):
@@ -51,14 +52,16 @@ def unison_stop(fabric: Any) -> StopCoordinator:
     Settings come from the :class:`FabricStop` passed in ``Fabric(callbacks=...)``, else from the one
     the entry point added, else (package not installed as a distribution) from the environment. With
     ``DDP_SIGTERM=0`` the coordinator is inert: no handlers, ``should_stop`` always False."""
-    fabric._validate_launched()  # Fabric's own error when launch() has not run yet
-    holder = acting(fabric._callbacks, FabricStop)
+    internals.validate_launched(fabric)
+    callbacks = internals.fabric_callbacks(fabric)
+    holder = acting(callbacks, FabricStop)
     if holder is None:
         holder = FabricStop()
-        fabric._callbacks.append(holder)
+        callbacks.append(holder)
     if holder.coordinator is None:
         # the agreement's ranks are this Fabric's: a one-device Fabric agrees with no one
-        holder.coordinator = StopCoordinator(holder.settings, distributed=fabric.world_size > 1)
+        holder.coordinator = StopCoordinator(holder.settings, distributed=fabric.world_size > 1,
+                                             on_decided=[internals.retire_child_watch])
         holder.coordinator.start()
     return holder.coordinator
 

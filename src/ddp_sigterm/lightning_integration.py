@@ -1,19 +1,20 @@
 """The Trainer callback for ``lightning.pytorch``, registered by the ``lightning.pytorch.callbacks_factory``
-entry point so that an unchanged script gets it. Its behaviour is in :mod:`ddp_sigterm.trainer_stop`.
+entry point so that an unchanged script gets it. Its behaviour is in :mod:`ddp_sigterm._lightning.trainer_stop`.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Any
 
-from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ddp_sigterm.stop_save import StopError
-from ddp_sigterm.trainer_stop import Lightning, TrainerStop
+from ddp_sigterm._core.stop_save import StopError
+from ddp_sigterm._lightning.trainer_stop import Lightning, TrainerStop
 
 __all__ = ["StopError", "UnisonStop", "callbacks_factory"]
 
@@ -26,7 +27,8 @@ class UnisonStop(TrainerStop, Callback):
     arguments (see :class:`ddp_sigterm.Settings`).
     """
 
-    lightning = Lightning(Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info)
+    lightning = Lightning("lightning", Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info,
+                          "lightning.fabric", version("lightning"))
 
 
 def callbacks_factory() -> list[Any]:

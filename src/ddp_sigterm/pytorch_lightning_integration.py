@@ -1,21 +1,22 @@
 """The Trainer callback for the standalone ``pytorch_lightning`` package, registered by the
 ``pytorch_lightning.callbacks_factory`` entry point. ``pytorch_lightning`` has its own ``Trainer``,
 ``Callback`` and ``SIGTERMException`` classes, so this is a class of its own; its behaviour is the same
-:mod:`ddp_sigterm.trainer_stop` as ``lightning.pytorch``'s.
+:mod:`ddp_sigterm._lightning.trainer_stop` as ``lightning.pytorch``'s.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Any
 
-from lightning_fabric.plugins.environments import SLURMEnvironment
+from lightning_fabric.plugins.environments.slurm import SLURMEnvironment
 from pytorch_lightning import Trainer
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.exceptions import SIGTERMException
-from pytorch_lightning.utilities.rank_zero import rank_zero_info
 
-from ddp_sigterm.stop_save import StopError
-from ddp_sigterm.trainer_stop import Lightning, TrainerStop
+from ddp_sigterm._core.stop_save import StopError
+from ddp_sigterm._lightning.trainer_stop import Lightning, TrainerStop
 
 __all__ = ["StopError", "UnisonStop", "callbacks_factory"]
 
@@ -23,7 +24,8 @@ __all__ = ["StopError", "UnisonStop", "callbacks_factory"]
 class UnisonStop(TrainerStop, Callback):
     """:class:`ddp_sigterm.UnisonStop` for ``pytorch_lightning.Trainer``: same arguments, same behaviour."""
 
-    lightning = Lightning(Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info)
+    lightning = Lightning("pytorch_lightning", Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info,
+                          "lightning_fabric", version("pytorch_lightning"))
 
 
 def callbacks_factory() -> list[Any]:

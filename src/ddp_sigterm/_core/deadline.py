@@ -15,6 +15,7 @@ see as an error instead of a silence.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import select
@@ -69,7 +70,8 @@ class Deadline:
         self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         _forget_in_forked_children()
         _watching.add(self)
-        self._thread = threading.Thread(target=self._watch, name="ddp_sigterm-deadline", daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(self._reader,), name="ddp_sigterm-deadline",
+                                        daemon=True)
         self._thread.start()
 
     def arm(self, since: float, why: str) -> None:
@@ -108,8 +110,7 @@ class Deadline:
             except OSError:  # closed by close(): the thread has been told to stop
                 pass
 
-    def _watch(self) -> None:
-        assert self._reader is not None
+    def _watch(self, reader: socket.socket) -> None:
         while not self._closing:
             timeout = None
             if self.armed_at is not None:
@@ -120,18 +121,16 @@ class Deadline:
                     if timeout <= 0:
                         self._give_up(f"the stop did not complete within stop_deadline={self.seconds:g} s "
                                       f"of {self._why}")
-            readable, _, _ = select.select([self._reader], [], [], timeout)
+            readable, _, _ = select.select([reader], [], [], timeout)
             if readable:
-                self._received(self._reader.recv(256))
-        self._reader.close()
+                self._received(reader.recv(256))
+        reader.close()
 
     def _received(self, data: bytes) -> None:
         for signum in data:
             if self._previous_fd >= 0 and signum:  # someone else (asyncio) also watches signals
-                try:
+                with contextlib.suppress(OSError):
                     os.write(self._previous_fd, bytes([signum]))
-                except OSError:
-                    pass
             if signum not in self.signals:
                 continue
             now = time.monotonic()

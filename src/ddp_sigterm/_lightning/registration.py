@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from ddp_sigterm.settings import Settings
+from ddp_sigterm._core.settings import Settings
 
 T = TypeVar("T", bound="Integration")
 

@@ -21,6 +21,9 @@ not imported here. What it changes in the Trainer it is attached to, for the dur
 * Evaluation and prediction loops may run a different number of batches per rank (prediction
   shards without padding): at the first hook after such a loop (``on_*_epoch_end``) each rank
   waits, still agreeing, until every rank has left it.
+
+Every private name of Lightning it reaches is in :mod:`ddp_sigterm._lightning.internals`: if one is
+missing from the running release, the callback warns naming it and leaves the Trainer to stock Lightning.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ from typing import Any
 import torch.distributed as dist
 
 from ddp_sigterm import slurm
-from ddp_sigterm.coordinator import StopCoordinator
-from ddp_sigterm.registration import Integration, acting
-from ddp_sigterm.settings import Settings
-from ddp_sigterm.stop_save import in_unison, save_in_unison
+from ddp_sigterm._core.coordinator import StopCoordinator
+from ddp_sigterm._core.log import logger
+from ddp_sigterm._core.settings import Settings
+from ddp_sigterm._core.stop_save import in_unison, save_in_unison
+from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning.registration import Integration, acting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +51,13 @@ class Lightning:
     with ``lightning.fabric``) or the standalone ``pytorch_lightning`` (with ``lightning_fabric``),
     whose classes are distinct."""
 
-    trainer: type  # its Trainer: the callback refuses the other package's
-    sigterm_exception: type[Exception]
-    slurm_environment: type
+    distribution: str  # "lightning" or "pytorch_lightning": its version gates the internals
+    trainer: type[Any]  # its Trainer: the callback refuses the other package's
+    sigterm_exception: type[BaseException]
+    slurm_environment: type[Any]
     rank_zero_info: Callable[[str], Any]
+    fabric: str  # its Fabric's package: "lightning.fabric" or "lightning_fabric" (its launcher's watch)
+    version: str  # the distribution's, as installed
 
 
 class TrainerStop(Integration):
@@ -74,25 +82,35 @@ class TrainerStop(Integration):
                             f"Trainer, not {type(trainer).__module__.split('.')[0]}'s: use the UnisonStop of "
                             "ddp_sigterm.lightning_integration (lightning.pytorch) or "
                             "ddp_sigterm.pytorch_lightning_integration (pytorch_lightning)")
-        if self._steps_aside(trainer) or not _same_world(trainer.world_size):
+        if self._steps_aside(trainer) or not _same_world(trainer.world_size) or not self._supported(trainer):
             return
-        environment = trainer._accelerator_connector.cluster_environment
-        requeue = environment.requeue_signal if isinstance(environment, self.lightning.slurm_environment) and \
-            environment.auto_requeue else None
+        requeue = internals.requeue_signal(trainer, self.lightning.slurm_environment)
         # The agreement's ranks are the Trainer's: a one-process Trainer (a one-device test after a
         # multi-device fit, in the same process) agrees with no one, whatever the default group holds.
-        coordinator = StopCoordinator(self.settings, requeue_signal=requeue, distributed=trainer.world_size > 1)
+        coordinator = StopCoordinator(self.settings, requeue_signal=requeue, distributed=trainer.world_size > 1,
+                                      on_decided=[internals.retire_child_watch])
         # SIGTERM and SLURM's requeue signal go through Lightning's connector (it chains and
         # restores); other signals are installed by the recorder once the connector has
         # registered, in _on_stage_start.
         coordinator.start(install_handlers=False)
         self._coordinator, self._trainer = coordinator, trainer
-        connector = trainer._signal_connector
-        connector._sigterm_notifier_fn = coordinator.recorder.record
-        connector._slurm_sigusr_handler_fn = coordinator.recorder.record
-        connector._sigterm_handler_fn = _bypass_log_in_handler
-        if hasattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor"):
-            trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+        internals.take_signal_handlers(trainer, coordinator.recorder.record, self.lightning.distribution)
+
+    def _supported(self, trainer: Any) -> bool:
+        """Whether the running Lightning has every internal the callback needs; if not, a warning
+        names what is missing and the Trainer runs as stock Lightning runs it. A release outside the
+        tested range gets a warning too."""
+        name, version = self.lightning.distribution, self.lightning.version
+        gone = internals.missing(trainer, internals.TRAINER, name) + \
+            internals.missing(internals.launchers(self.lightning.fabric), internals.LAUNCHER, name)
+        if gone:
+            internals.warn_once(f"ddp_sigterm is switched off: {name} {version} has no {'; no '.join(gone)}. "
+                                "A stop signal is handled as stock Lightning handles it")
+            return False
+        untested = internals.untested(name, version)
+        if untested:
+            internals.warn_once(untested)
+        return True
 
     def _on_stage_start(self, evaluation: bool = False) -> None:
         if self._coordinator is not None:
@@ -107,9 +125,7 @@ class TrainerStop(Integration):
         coordinator, trainer = self._coordinator, self._trainer
         self._coordinator = self._trainer = None
         if trainer is not None:
-            for name in ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn", "_sigterm_handler_fn"):
-                trainer._signal_connector.__dict__.pop(name, None)
-            trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+            internals.give_back_signal_handlers(trainer)
         if coordinator is not None:
             # a signal after the run's last agreement is kept, as stock Lightning's handler keeps it
             coordinator.close(redeliver=False)
@@ -135,7 +151,7 @@ class TrainerStop(Integration):
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.
-        if self._coordinator is not None and not trainer.fit_loop.epoch_loop._should_accumulate():
+        if self._coordinator is not None and internals.optimizer_stepped(trainer):
             self._check(trainer)
 
     def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
@@ -184,26 +200,20 @@ class TrainerStop(Integration):
             stop = coordinator.should_stop(step)
         if not stop:
             return
-        decision = coordinator.decision
-        assert decision is not None
+        decision = coordinator.agreed
         # Lightning puts its saved handlers back at teardown, after this callback has closed: for the
         # stop signals of a multi-process run, make that SIG_IGN, so a late signal cannot change the
         # exit code (see signals.ignore_until_exit).
-        originals = getattr(trainer._signal_connector, "_original_handlers", None)
-        if isinstance(originals, dict) and coordinator.world_size > 1:
-            for signum in coordinator.recorder.signals:
-                if signum in originals:
-                    originals[signum] = signal.SIG_IGN
-        trainer._signal_connector.received_sigterm = True
+        internals.mark_stopped(trainer, coordinator.recorder.signals if coordinator.world_size > 1 else ())
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
             agreed += f"; checkpoint saved to {_save_stop_checkpoint(trainer, coordinator, step)}"
         if coordinator.requeue_signal is not None:  # SLURM, auto-requeue on
-            requeued = _requeue(trainer, coordinator, step)
+            requeued = _requeue(trainer, coordinator, coordinator.requeue_signal, step)
             agreed += f"; SLURM job {requeued}" if requeued else ""
         self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = self.lightning.sigterm_exception(decision.exit_code)
-        exception.stop = decision  # type: ignore[attr-defined]
+        exception.stop = decision  # type: ignore[attr-defined]  # what every rank agreed, for the curious
         raise exception
 
 
@@ -218,42 +228,32 @@ def _same_world(world_size: int) -> bool:
     return False
 
 
-def _no_broadcast() -> None:
-    """Replaces Lightning's per-batch broadcast of rank 0's flag; the agreement decides instead."""
-
-
-def _bypass_log_in_handler(signum: int, frame: Any) -> None:
-    """Replaces Lightning's SLURM SIGTERM handler, which only logs, from inside the signal handler."""
-
-
 def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
     """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt`` (see :func:`save_in_unison`: a save cut
     short never leaves a checkpoint that resuming would pick; a failure on any rank raises
     :class:`StopError` on every rank). Returns the path on rank 0."""
-    connector = trainer._checkpoint_connector
-    path = connector.hpc_save_path(trainer.default_root_dir)  # only rank 0's is used: it renames
+    path, dump = internals.hpc_checkpoint(trainer)  # only rank 0's path is used: it renames
 
     def write(partial: str) -> None:
-        trainer.strategy.save_checkpoint(connector.dump_checkpoint(weights_only=False), partial)
+        trainer.strategy.save_checkpoint(dump(), partial)
 
     return save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
 
 
-def _requeue(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
+def _requeue(trainer: Any, coordinator: StopCoordinator, requeue_signal: int, step: int) -> str | None:
     """After the stop checkpoint, global rank 0 runs ``scontrol requeue`` once if the stop is the
     requeue signal's or SLURM is preempting the job; every rank learns the outcome (a failed requeue
     raises :class:`StopError` everywhere). When ``scontrol show job`` cannot tell whether SLURM is
     preempting the job, rank 0 warns with its error and does not requeue: the stop itself succeeded,
     and a SIGTERM is most often not a preemption. Returns, on rank 0 if it requeued the job,
     ``"<job id> requeued: <why>"``."""
-    decision = coordinator.decision
-    assert decision is not None
+    decision = coordinator.agreed
 
     def requeue_on_rank_0() -> str | None:
         if not trainer.is_global_zero:
             return None
         if decision.requeue:
-            why = f"{signal.Signals(coordinator.requeue_signal).name} is its requeue signal"
+            why = f"{signal.Signals(requeue_signal).name} is its requeue signal"
         else:
             try:
                 preempt_time = slurm.preempted()
@@ -264,7 +264,9 @@ def _requeue(trainer: Any, coordinator: StopCoordinator, step: int) -> str | Non
             if preempt_time is None:
                 return None
             why = f"SLURM is preempting it (PreemptTime={preempt_time})"
-        return f"{slurm.requeue()} requeued: {why}"
+        requeued = f"{slurm.requeue()} requeued: {why}"
+        logger.info("rank %d of %d: SLURM job %s", coordinator.rank, coordinator.world_size, requeued)
+        return requeued
 
     coordinator.activity = "`scontrol show job` / `scontrol requeue` (global rank 0)"
     return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)

@@ -7,6 +7,7 @@ The environment wins so that an operator can change a job's behaviour without ed
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import signal
@@ -88,11 +89,17 @@ class Settings:
     ("terminate called without an active exception", exit code -6), hiding the stop's exit code. A run
     that gets no signal is left as stock leaves it (the package's own groups are always destroyed)."""
 
+    log_level: str = "INFO"
+    """Level of the ``ddp_sigterm`` logger (``DEBUG``, ``INFO``, ``WARNING``, ...). At INFO every rank
+    logs a stop: the signal, the rank that received it and when, the agreed step, the checkpoint and
+    how long saving it took; a run that gets no signal logs nothing."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise SettingsError(f"enabled must be a bool, got {self.enabled!r}")
-        if isinstance(self.signals, str):
-            object.__setattr__(self, "signals", tuple(s for s in self.signals.split(",") if s.strip()))
+        given: object = self.signals  # the environment gives "SIGTERM,SIGUSR2"; so may code
+        if isinstance(given, str):
+            object.__setattr__(self, "signals", tuple(s for s in given.split(",") if s.strip()))
         if not self.signals:
             raise SettingsError("signals must name at least one signal, e.g. SIGTERM")
         numbers = [signal_number(s) for s in self.signals]
@@ -110,6 +117,10 @@ class Settings:
         for name in ("save_checkpoint", "destroy_at_exit"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        level = self.log_level.strip().upper() if isinstance(self.log_level, str) else self.log_level
+        if not isinstance(logging.getLevelName(level), int):
+            raise SettingsError(f"log_level must be a logging level such as INFO or WARNING, got {self.log_level!r}")
+        object.__setattr__(self, "log_level", level)
         deadline = self.stop_deadline
         if not isinstance(deadline, (int, float)) or math.isnan(deadline) or deadline <= 0:
             raise SettingsError(f"stop_deadline must be a positive number of seconds or inf, got {deadline!r}")
@@ -128,10 +139,12 @@ class Settings:
             var = ENV_PREFIX if field.name == "enabled" else f"{ENV_PREFIX}_{field.name.upper()}"
             if var in environ:
                 values[field.name] = _parse(var, environ[var], field.type)
-        known = {ENV_PREFIX} | {f"{ENV_PREFIX}_{f.name.upper()}" for f in dataclasses.fields(cls) if f.name != "enabled"}
+        known = {ENV_PREFIX} | {f"{ENV_PREFIX}_{f.name.upper()}" for f in dataclasses.fields(cls)
+                                if f.name != "enabled"}
         unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in known)
         if unknown:
-            raise SettingsError(f"Unknown environment variable(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise SettingsError(f"Unknown environment variable(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(sorted(known))}")
         return cls(**values)
 
 

@@ -28,6 +28,7 @@ class Vote:
     anyone_in_loop: bool
     requeue: bool  # some rank recorded the job's requeue signal
     boundary: int  # the most step boundaries any rank has passed (they differ after loops of uneven length)
+    signalled_rank: int | None = None  # the lowest rank (of the agreement's) that recorded a stop signal
 
 
 class Agreement:
@@ -48,7 +49,7 @@ class Agreement:
         self.rank = self.ranks.index(dist.get_rank()) if self.distributed else 0
         self.world_size = len(self.ranks) if self.distributed else 1
         self.group = cpu_group(self.ranks, timeout_seconds) if self.distributed else None
-        self._payload = torch.zeros(5, dtype=torch.int64)
+        self._payload = torch.zeros(6, dtype=torch.int64)
 
     def decide(self, signum: int, interval: int, where: str, in_loop: bool = True, requeue: bool = False,
                boundary: int = 0) -> Vote:
@@ -59,20 +60,22 @@ class Agreement:
         signalled), so that any rank can trigger the stop; the smallest interval any rank proposed;
         whether any rank is still in its loop (``in_loop``), which lets ranks that left a loop of
         uneven length keep pairing with those still in it; whether any rank asks for the job to be
-        requeued; and the largest ``boundary`` (step boundaries passed), so that ranks which left a loop
-        of uneven length count alike again. A rank that fails or times out raises
-        :class:`AgreementError` naming ``where``.
+        requeued; the largest ``boundary`` (step boundaries passed), so that ranks which left a loop
+        of uneven length count alike again; and the lowest rank that recorded a signal (for the logs).
+        A rank that fails or times out raises :class:`AgreementError` naming ``where``.
         """
         if self.group is None:
-            return Vote(signum, interval, in_loop, requeue, boundary)
+            return Vote(signum, interval, in_loop, requeue, boundary, 0 if signum else None)
         self._payload[0] = signum
         self._payload[1] = -interval  # MAX of the negation is the MIN of the proposals
         self._payload[2] = int(in_loop)
         self._payload[3] = int(requeue)
         self._payload[4] = boundary
+        self._payload[5] = self.world_size - self.rank if signum else 0  # MAX picks the lowest signalled rank
         self._all_reduce_max(where)
         vote = [int(value) for value in self._payload]
-        return Vote(vote[0], -vote[1], bool(vote[2]), bool(vote[3]), vote[4])
+        return Vote(vote[0], -vote[1], bool(vote[2]), bool(vote[3]), vote[4],
+                    self.world_size - vote[5] if vote[5] else None)
 
     def first_failure(self, succeeded: bool, where: str) -> int | None:
         """After a step every rank takes in the stop (saving its checkpoint): the lowest rank on which
@@ -130,7 +133,8 @@ def cpu_group(ranks: tuple[int, ...], timeout_seconds: float) -> dist.ProcessGro
     ask in the same order, so they get the same groups)."""
     timeout = datetime.timedelta(seconds=timeout_seconds)
     if len(ranks) == dist.get_world_size():
-        return dist.new_group(backend="gloo", timeout=timeout)
+        whole: dist.ProcessGroup = dist.new_group(backend="gloo", timeout=timeout)
+        return whole
     kept = _kept.setdefault(ranks, [])
     group = next((g for g in kept if not any(g is lent for lent in _lent)), None)
     if group is None:

@@ -24,17 +24,17 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 
 import torch.distributed as dist
 
-from ddp_sigterm.agreement import Agreement, cpu_group, destroy_default_group_at_exit
-from ddp_sigterm.cadence import Cadence
-from ddp_sigterm.deadline import Deadline
-from ddp_sigterm.heartbeat import Heartbeat
-from ddp_sigterm.launcher_watch import retire_child_watch
-from ddp_sigterm.settings import Settings
-from ddp_sigterm.signals import SignalRecorder, default_action, ignore_until_exit
-
+from ddp_sigterm._core import log
+from ddp_sigterm._core.agreement import Agreement, cpu_group, destroy_default_group_at_exit
+from ddp_sigterm._core.cadence import Cadence
+from ddp_sigterm._core.deadline import Deadline
+from ddp_sigterm._core.heartbeat import Heartbeat
+from ddp_sigterm._core.settings import Settings
+from ddp_sigterm._core.signals import SignalRecorder, default_action, ignore_until_exit
 
 HEARTBEAT_SECONDS = 0.5
 """The heartbeat's period at most (``max_delay / 2`` when smaller): it also bounds how long the first rank to
@@ -47,7 +47,8 @@ _CLOSE_SECONDS = 5.0
 @dataclasses.dataclass(frozen=True)
 class StopDecision:
     """What every rank agreed on. ``received_at`` and ``decided_at`` are ``time.monotonic()`` values
-    of this process; ``received_at`` is None on a rank that was not signalled itself."""
+    of this process; ``received_at`` is None on a rank that was not signalled itself. ``signalled_rank``:
+    the lowest rank that recorded a stop signal."""
 
     signum: int
     step: int | None
@@ -56,6 +57,7 @@ class StopDecision:
     received_at: float | None
     boundaries_since_signal: int | None
     requeue: bool = False
+    signalled_rank: int | None = None
 
     @property
     def exit_code(self) -> int:
@@ -66,20 +68,26 @@ class StopCoordinator:
     """Records stop signals and agrees, across ranks, at which step boundary everyone stops."""
 
     def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None,
-                 group: dist.ProcessGroup | None = None, distributed: bool = True) -> None:
+                 group: dist.ProcessGroup | None = None, distributed: bool = True,
+                 on_decided: Sequence[Callable[[StopDecision], None]] = ()) -> None:
         """``requeue_signal``: a signal that also asks for the job to be requeued (SLURM's, when the
         job requeues itself); it stops like the others and sets ``decision.requeue`` on every rank.
 
         ``group``: the ranks that agree, those of the loop this coordinator serves (None: every rank of
         the default group). ``distributed=False``: this process alone, with no collective at all,
         whatever ``torch.distributed`` says (a one-device run in a process that also ran a multi-device
-        one)."""
+        one).
+
+        ``on_decided``: called in order with the decision as soon as a stop is agreed, on every rank,
+        before ``should_stop`` returns True (an integration's part of the stop, such as retiring
+        Lightning's launcher watch); an exception propagates."""
         self.settings = settings if settings is not None else Settings.resolve()
         self._group, self._distributed = group, distributed
         signals = self.settings.signal_numbers
         if requeue_signal is not None and requeue_signal not in signals:
             signals += (requeue_signal,)
         self.requeue_signal = requeue_signal
+        self.on_decided = tuple(on_decided)
         self.recorder = SignalRecorder(signals)
         self.agreement: Agreement | None = None
         self.heartbeat: Heartbeat | None = None
@@ -88,8 +96,14 @@ class StopCoordinator:
         self.boundary = 0  # step boundaries passed, counted the same way on every rank
         self._signal_boundary: int | None = None
         self._requeue = False  # the last vote's
+        self._signalled_rank: int | None = None  # the last vote's
         # What this rank waits for, named if the stop deadline runs out (read by its thread).
         self.activity = "the first step boundary"
+        # the cadence and the window it measures (monotonic start, boundary), set by restart_cadence
+        self.cadence: Cadence
+        self._next_check: int
+        self._window_start: float
+        self._window_boundary: int
         self.restart_cadence()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -99,6 +113,7 @@ class StopCoordinator:
         switched off (``enabled=False``, ``DDP_SIGTERM=0``) it does neither: the coordinator never stops."""
         if not self.settings.enabled:
             return
+        log.activate(self.settings.log_level)
         if self.agreement is None:
             self.agreement = Agreement(self.settings.agreement_timeout, self._group, self._distributed)
             if self.agreement.distributed:
@@ -115,6 +130,9 @@ class StopCoordinator:
         else:
             self.recorder.activate()
         self.restart_cadence()  # measure from here, not from construction
+        peers = f"global ranks {list(self.agreement.ranks)}" if self.agreement.distributed else "this process alone"
+        log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
+                         ", ".join(signal.Signals(s).name for s in self.recorder.signals), peers)
 
     def close(self, redeliver: bool = True) -> None:
         """Restore the signal handlers, end the heartbeat and the deadline's watch, destroy the groups:
@@ -144,12 +162,13 @@ class StopCoordinator:
         if self.agreement is not None:
             self.agreement.close()
             self.agreement = None
+        log.logger.debug("rank %d: closed (%s)", rank, "after the agreed stop" if stopped else "no stop")
         late = self.recorder.signum
         if not stopped and late and redeliver and not failing and \
                 threading.current_thread() is threading.main_thread() and default_action(signal.getsignal(late)):
             self.recorder.signum = 0  # once
-            sys.stderr.write(f"ddp_sigterm: rank {rank}: {signal.Signals(late).name} came after the run's last "
-                             "stop agreement: no stop was agreed; passing it on to the handler it replaced\n")
+            log.logger.warning("rank %d: %s came after the run's last stop agreement: no stop was agreed; passing it "
+                               "on to the handler it replaced", rank, signal.Signals(late).name)
             signal.raise_signal(late)
 
     # -- the decision --------------------------------------------------------------------------
@@ -239,20 +258,38 @@ class StopCoordinator:
         self.boundary = vote.boundary
         self._next_check = self.boundary + vote.interval
         self._requeue = vote.requeue
+        self._signalled_rank = vote.signalled_rank
         return vote.signum, vote.anyone_in_loop
 
     def _decide(self, signum: int, step: int | None, now: float) -> bool:
         since = None if self._signal_boundary is None else self.boundary - self._signal_boundary
         # with peers, the vote's answer (the same everywhere); alone, this process's
-        requeue = self._requeue if self.world_size > 1 else self._requeue_received()
-        self.decision = StopDecision(signum, step, self.boundary, now, self.recorder.received_at, since, requeue)
+        alone = self.world_size == 1
+        requeue = self._requeue_received() if alone else self._requeue
+        signalled_rank = self.rank if alone else self._signalled_rank
+        self.decision = StopDecision(signum, step, self.boundary, now, self.recorder.received_at, since, requeue,
+                                     signalled_rank)
         self.activity = f"the process to exit after the stop agreed at {self._where(step)}"
         if self.deadline is not None:
             self.deadline.arm(now, "the agreed stop")
-        if self.settings.destroy_at_exit and self.world_size > 1:
+        if self.settings.destroy_at_exit and not alone:
             destroy_default_group_at_exit()  # the process is leaving: see Settings.destroy_at_exit
-        retire_child_watch()  # every rank now exits on its own: Lightning's launcher must not SIGKILL it
+        self._log_decision(self.decision)
+        for action in self.on_decided:
+            action(self.decision)
         return True
+
+    def _log_decision(self, decision: StopDecision) -> None:
+        name = signal.Signals(decision.signum).name
+        if decision.received_at is not None:
+            since = f"{decision.decided_at - decision.received_at:.3f} s"
+            if decision.boundaries_since_signal is not None:
+                since += f", {decision.boundaries_since_signal} step boundaries"
+            received = f"{name} received here at {log.wall_clock(decision.received_at)} ({since} before the agreement)"
+        else:
+            received = f"{name} received by rank {decision.signalled_rank}, not here"
+        log.logger.info("rank %d of %d: %s; every rank stops at %s", self.rank, self.world_size, received,
+                        self._where(decision.step))
 
     def _requeue_received(self) -> bool:
         return self.requeue_signal is not None and bool(self.recorder.mask & (1 << self.requeue_signal))
@@ -269,8 +306,13 @@ class StopCoordinator:
         return failed
 
     @property
-    def exit_code(self) -> int:
-        """128 + the agreed signal number, the code a process killed by that signal would report."""
+    def agreed(self) -> StopDecision:
+        """The agreed stop's decision; RuntimeError if no stop was agreed."""
         if self.decision is None:
             raise RuntimeError("ddp_sigterm: no stop was agreed")
-        return self.decision.exit_code
+        return self.decision
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the agreed signal number, the code a process killed by that signal would report."""
+        return self.agreed.exit_code

@@ -28,8 +28,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any, TypeGuard
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
@@ -104,7 +105,7 @@ def default_action(handler: Handler) -> bool:
     return handler in (signal.SIG_DFL, None) or handler is signal.default_int_handler
 
 
-def _chains_to(handler: Handler) -> bool:
+def _chains_to(handler: Handler) -> TypeGuard[Callable[[int, FrameType | None], Any]]:
     """Whether the recorder calls ``handler`` after recording: a handler someone installed, yes; the
     signal's default action, no: replacing it is the recorder's purpose."""
     return callable(handler) and not default_action(handler)

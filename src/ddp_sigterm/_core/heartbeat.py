@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ddp_sigterm.agreement import release_cpu_group
+from ddp_sigterm._core.agreement import release_cpu_group
 
 LEAD = 2
 """Boundaries between the one a rank reports and the one by which it must have read the result."""
@@ -63,7 +63,7 @@ class Heartbeat:
 
     def close(self, timeout: float) -> None:
         """End the heartbeat on every rank: the next one carries "closing", and every rank's thread ends
-        after it; then give the group back (:func:`ddp_sigterm.agreement.release_cpu_group`).
+        after it; then give the group back (:func:`ddp_sigterm._core.agreement.release_cpu_group`).
         Waits up to ``timeout`` seconds for this rank's thread: it takes longer only when a peer has
         stopped answering, and then the thread, and its group, are left to the group's timeout. Safe to
         call twice."""

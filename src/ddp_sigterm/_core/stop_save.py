@@ -11,10 +11,12 @@ writing rank give the file its final name. Used by the Trainer callback, by
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ddp_sigterm.coordinator import StopCoordinator
+from ddp_sigterm._core import log
+from ddp_sigterm._core.coordinator import StopCoordinator
 
 PARTIAL_NAME = ".ddp_sigterm-partial.ckpt"
 T = TypeVar("T")
@@ -33,7 +35,8 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
     file is there; once every rank reports success, it renames it to ``path``. A failure on any rank
     raises :class:`StopError` on every rank, naming the rank and the reason. Every rank must call it at the
     same point; it ends with every rank past the save (it is also the barrier). Returns the final path
-    on the writing rank, None elsewhere. ``step`` (for messages) defaults to the agreed stop's."""
+    on the writing rank, None elsewhere. ``step`` (for messages) defaults to the agreed stop's. Every rank
+    logs the path and how long the save took."""
     if step is None and stop.decision is not None:
         step = stop.decision.step
     directory = os.path.dirname(path) or "."
@@ -52,8 +55,12 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
         os.replace(partial, path)
         return path
 
+    started = time.monotonic()
     in_unison(stop, write_and_check, what, step)
-    return in_unison(stop, rename, f"naming the stop checkpoint of step {step} in {directory}", step)
+    final = in_unison(stop, rename, f"naming the stop checkpoint of step {step} in {directory}", step)
+    log.logger.info("rank %d of %d: the stop checkpoint of step %s is saved: %s (%.3f s, every rank)", stop.rank,
+                    stop.world_size, step, path, time.monotonic() - started)
+    return final
 
 
 def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: int | None) -> T:
@@ -64,7 +71,7 @@ def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: i
     error, result = None, None
     try:
         result = action()
-    except Exception as caught:  # noqa: BLE001 - every rank must learn of it; re-raised as StopError
+    except Exception as caught:
         error = caught
     failed = stop.all_succeeded(error is None, what, step)
     if failed is None:

@@ -1,0 +1,210 @@
+"""Every private name of Lightning that the package reaches, in one place, checked.
+
+Setting an attribute never fails: if Lightning renamed one of the names below, assigning the old name
+would switch part of the fix off without a word. So the integrations reach Lightning's internals only
+through the functions of this module; :data:`TRAINER`, :data:`FABRIC` and :data:`LAUNCHER` list each
+name with the releases it was checked against; the Trainer callback calls :func:`missing` before it
+changes anything and, if a name is gone, warns naming it and leaves the Trainer as stock Lightning runs
+it; ``tests/test_internals.py`` (the canary, run on every release of ``make test-versions``) fails
+naming it. Behaviour that depends on the release is gated on its version (:func:`at_least`), never on
+``hasattr``.
+
+(The one private name of torch the package uses, ``_MultiProcessingDataLoaderIter.__init__``, stays
+with the code that needs it, ``_core/signals.py``, which must not import Lightning; the canary checks
+it too.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import operator
+import signal
+import threading
+import warnings
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+from lightning_utilities.core.imports import compare_version
+from packaging.version import Version
+
+CHECKED = ("2.5.1", "2.5.2", "2.5.6", "2.6.0", "2.6.6")
+"""The releases of ``lightning`` and ``pytorch_lightning`` the names were checked against and the
+scenarios run on (``make test-versions``). Releases in between have the same names."""
+
+Handler = Callable[[int, Any], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Internal:
+    """A private name, as a dotted path from the object the integration holds (a Trainer, a Fabric,
+    a launcher's thread class), present in every checked release from ``since`` on."""
+
+    path: str
+    why: str
+    since: str = CHECKED[0]
+
+
+TRAINER = (
+    Internal("_accelerator_connector.cluster_environment", "the SLURM environment and its requeue signal"),
+    Internal("_signal_connector._sigterm_notifier_fn", "replaced by the recorder (2.5.2+ broadcasts in the handler)"),
+    Internal("_signal_connector._slurm_sigusr_handler_fn", "replaced by the recorder (it saves and requeues in "
+             "the handler)"),
+    Internal("_signal_connector._sigterm_handler_fn", "replaced (under SLURM it logs from inside the handler)"),
+    Internal("_signal_connector._original_handlers", "the handlers Lightning restores at teardown: SIG_IGN after "
+             "a stop"),
+    Internal("_signal_connector.received_sigterm", "set at the agreed stop, as Lightning's handler would"),
+    Internal("_checkpoint_connector.hpc_save_path", "the stop checkpoint's name, hpc_ckpt_<N>.ckpt"),
+    Internal("_checkpoint_connector.dump_checkpoint", "the stop checkpoint's contents"),
+    Internal("fit_loop.epoch_loop._should_accumulate", "a stop waits for the optimizer step"),
+    Internal("fit_loop.epoch_loop._broadcast_sigterm_tensor", "rank 0's per-batch broadcast, switched off", "2.5.2"),
+)
+FABRIC = (
+    Internal("_validate_launched", "Fabric's own error when unison_stop() comes before launch()"),
+    Internal("_callbacks", "the FabricStop that holds the job's coordinator"),
+)
+CHILD_WATCH = "_ChildProcessObserver"
+"""The class of the thread by which Lightning's own launcher SIGKILLs every rank once one has exited non-zero."""
+LAUNCHER = (
+    Internal(f"{CHILD_WATCH}._run", "the child-process watch of Lightning's launcher, retired at the agreed stop"),
+)
+
+_TRAINER_HANDLERS = ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn", "_sigterm_handler_fn")
+
+
+def launchers(fabric: str) -> ModuleType | None:
+    """The module of ``fabric``'s (``lightning.fabric`` or ``lightning_fabric``) launcher watch, None if it is gone."""
+    try:
+        return importlib.import_module(f"{fabric}.strategies.launchers.subprocess_script")
+    except ImportError:
+        return None
+
+
+def at_least(distribution: str, version: str) -> bool:
+    """Whether the installed ``distribution`` (``lightning`` or ``pytorch_lightning``) is ``version`` or later."""
+    return bool(compare_version(distribution, operator.ge, version))
+
+
+def missing(owner: Any, internals: Iterable[Internal], distribution: str) -> list[str]:
+    """The paths of ``internals`` that ``owner`` lacks, among those its release should have."""
+    gone = []
+    if owner is None:
+        return [f"{internal.path} ({internal.why})" for internal in internals]
+    for internal in internals:
+        if not at_least(distribution, internal.since):
+            continue
+        found = owner
+        for name in internal.path.split("."):
+            if not hasattr(found, name):
+                gone.append(f"{internal.path} ({internal.why})")
+                break
+            found = getattr(found, name)
+    return gone
+
+
+def untested(distribution: str, version: str) -> str | None:
+    """A warning for a release outside the checked range, else None."""
+    release = Version(version).release
+    if Version(CHECKED[0]).release <= release <= Version(CHECKED[-1]).release:
+        return None
+    return (f"ddp_sigterm was tested with {distribution} {CHECKED[0]} to {CHECKED[-1]} ({', '.join(CHECKED)}); this is "
+            f"{distribution} {version}: the Lightning internals it needs are present, but the stop is untested here")
+
+
+def warn_once(message: str) -> None:
+    """One warning per message and process (the Trainer callback runs at every Trainer's set-up)."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+_warned: set[str] = set()
+
+
+# -- the Trainer -------------------------------------------------------------------------------------
+def requeue_signal(trainer: Any, slurm_environment: type[Any]) -> int | None:
+    """SLURM's requeue signal if the Trainer runs under SLURM with auto-requeue on, else None."""
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, slurm_environment) and environment.auto_requeue:
+        return int(environment.requeue_signal)
+    return None
+
+
+def take_signal_handlers(trainer: Any, record: Handler, distribution: str) -> None:
+    """Route the Trainer's SIGTERM and SLURM requeue signal to ``record``; Lightning still registers,
+    chains and restores the handlers. Switch off rank 0's per-batch broadcast (2.5.2+)."""
+    connector = trainer._signal_connector
+    connector._sigterm_notifier_fn = record
+    connector._slurm_sigusr_handler_fn = record
+    connector._sigterm_handler_fn = _ignore  # under SLURM it only logs, from inside the handler
+    if at_least(distribution, "2.5.2"):
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+
+
+def give_back_signal_handlers(trainer: Any) -> None:
+    """Undo :func:`take_signal_handlers` (the instance attributes shadow the class's methods)."""
+    for name in _TRAINER_HANDLERS:
+        trainer._signal_connector.__dict__.pop(name, None)
+    trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+
+
+def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
+    """At the agreed stop: Lightning's flag, as its own handler would set it, and the handlers it puts
+    back at teardown become SIG_IGN for ``ignore`` (see ``signals.ignore_until_exit``)."""
+    originals = trainer._signal_connector._original_handlers
+    for signum in ignore:
+        if signum in originals:
+            originals[signum] = signal.SIG_IGN
+    trainer._signal_connector.received_sigterm = True
+
+
+def optimizer_stepped(trainer: Any) -> bool:
+    """Whether the batch that just ended stepped the optimizer (not mid-accumulation)."""
+    return not trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def hpc_checkpoint(trainer: Any) -> tuple[str, Callable[[], dict[str, Any]]]:
+    """The path of the next ``hpc_ckpt_<N>.ckpt`` and a function that dumps the checkpoint's contents."""
+    connector = trainer._checkpoint_connector
+    return connector.hpc_save_path(trainer.default_root_dir), lambda: connector.dump_checkpoint(weights_only=False)
+
+
+def _no_broadcast() -> None:
+    """Replaces Lightning's per-batch broadcast of rank 0's flag; the agreement decides instead."""
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """Replaces Lightning's SLURM SIGTERM handler, which only logs, from inside the signal handler."""
+
+
+# -- Fabric ------------------------------------------------------------------------------------------
+def validate_launched(fabric: Any) -> None:
+    """Fabric's own error when ``launch()`` has not run yet."""
+    fabric._validate_launched()
+
+
+def fabric_callbacks(fabric: Any) -> list[Any]:
+    return fabric._callbacks  # type: ignore[no-any-return]
+
+
+# -- Lightning's launcher ----------------------------------------------------------------------------
+def retire_child_watch(decision: object = None) -> None:
+    """Make Lightning's child-process watch, if this process runs one, end at its next wake without
+    acting (an "on decided" action of the coordinator).
+
+    Rank 0 of Lightning's own launcher (``Trainer(devices=N)``, ``fabric.launch()`` without torchrun or
+    srun) runs a thread that wakes every 5 s and, once a child has exited non-zero, SIGKILLs every rank,
+    rank 0 included. After an agreed stop every rank exits on its own with 128 + signal: a child a moment
+    faster than rank 0 would have rank 0 SIGKILLed (-9 instead of 143). Called at the agreed stop, while
+    every rank is still alive, so the watch has nothing to act on at that moment; a rank that then fails
+    to exit is the stop deadline's to end. (Where nothing follows the agreement — a stop in
+    validate/test/predict, no checkpoint — another rank could in principle exit before rank 0 retires the
+    watch; the watch wakes every 5 s, the gap is milliseconds.)"""
+    for thread in threading.enumerate():
+        if type(thread).__name__ == CHILD_WATCH:
+            thread._run = _stop_watching  # type: ignore[attr-defined]
+
+
+def _stop_watching() -> bool:
+    return True  # the watch's loop takes True as "finished"

@@ -1,0 +1,60 @@
+"""The documentation's links lead somewhere: every relative link in README.md, CHANGELOG.md, docs/ and the
+patch series' descriptions names a file of the repository, and every ``#anchor`` a heading of the file it
+points to (GitHub's anchors). Links to other sites are not fetched (CI has no network); they are listed by
+``test_external_links_are_few_and_known`` so that a new one is a conscious addition."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md"),
+                    *(ROOT / "patches").rglob("*.md")])
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+EXTERNAL = {
+    "https://keepachangelog.com/en/1.1.0/",
+    "https://semver.org/spec/v2.0.0.html",
+    "https://github.com/python/cpython/issues/112275",
+    "https://github.com/python/cpython/pull/112336",
+}
+
+
+def anchors(document: Path) -> set[str]:
+    """GitHub's anchors for the headings of ``document``: lower case, punctuation dropped, spaces to dashes."""
+    found = set()
+    in_code = False
+    for line in document.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def links(document: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", document.read_text(), flags=re.DOTALL)  # code blocks hold no links
+    return LINK.findall(text)
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_lead_to_a_file_and_heading(document: Path) -> None:
+    broken = []
+    for target in links(document):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        destination = (document.parent / path).resolve() if path else document
+        if not destination.exists():
+            broken.append(f"{target}: no file {destination.relative_to(ROOT)}")
+        elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
+            broken.append(f"{target}: no heading #{anchor} in {destination.relative_to(ROOT)}")
+    assert not broken, f"{document.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_external_links_are_few_and_known() -> None:
+    found = {target for document in DOCUMENTS for target in links(document) if re.match(r"[a-z]+:", target)}
+    assert found <= EXTERNAL, f"new external links (add them to EXTERNAL once checked by hand): {found - EXTERNAL}"

@@ -1,0 +1,107 @@
+"""The canary: every private name of Lightning (and of torch) the package reaches is still there.
+
+Run on every release of the version matrix (make test-versions). A failure names the attribute, what
+the package uses it for, and the release: the place to look is ``src/ddp_sigterm/_lightning/internals.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+
+import pytest
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+from ddp_sigterm._lightning import internals
+
+# distribution -> (its Trainer package, its Fabric package, the package's integration module)
+DISTRIBUTIONS = {
+    "lightning": ("lightning.pytorch", "lightning.fabric", "ddp_sigterm.lightning_integration"),
+    "pytorch_lightning": ("pytorch_lightning", "lightning_fabric", "ddp_sigterm.pytorch_lightning_integration"),
+}
+
+
+def installed(distribution: str) -> None:
+    """Skip (visibly) a distribution that is not installed, unless the run requires it (CANARY_DISTRIBUTIONS,
+    comma-separated: make test-versions requires both)."""
+    if importlib.util.find_spec(distribution) is None:
+        required = os.environ.get("CANARY_DISTRIBUTIONS", "").split(",")
+        assert distribution not in required, f"{distribution} is not installed in this environment"
+        pytest.skip(f"{distribution} is not installed here")
+
+
+def trainer_of(distribution: str, tmp_path, callbacks=()):
+    pl = importlib.import_module(DISTRIBUTIONS[distribution][0])
+    return pl.Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=list(callbacks))
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_every_lightning_internal_the_package_reaches_is_there(distribution: str, tmp_path) -> None:
+    installed(distribution)
+    trainer_package, fabric_package, _ = DISTRIBUTIONS[distribution]
+    version = importlib.import_module(trainer_package).__version__
+    fabric = importlib.import_module(fabric_package).Fabric(accelerator="cpu", devices=1)
+    gone = {
+        "Trainer": internals.missing(trainer_of(distribution, tmp_path), internals.TRAINER, distribution),
+        "Fabric": internals.missing(fabric, internals.FABRIC, distribution),
+        f"{fabric_package}.strategies.launchers.subprocess_script":
+            internals.missing(internals.launchers(fabric_package), internals.LAUNCHER, distribution),
+    }
+    assert not any(gone.values()), f"{distribution} {version} lacks: " + "; ".join(
+        f"{owner}.{path}" for owner, paths in gone.items() for path in paths)
+
+
+def test_the_dataloader_iterator_the_fork_hook_looks_for_is_there() -> None:
+    """signals._forked_by_dataloader finds a DataLoader's fork by the code object of this constructor."""
+    assert callable(_MultiProcessingDataLoaderIter.__init__)
+    assert _MultiProcessingDataLoaderIter.__init__.__code__.co_name == "__init__"
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_a_missing_internal_switches_the_callback_off_with_a_warning_naming_it(distribution: str, tmp_path,
+                                                                                monkeypatch) -> None:
+    installed(distribution)
+    integration = importlib.import_module(DISTRIBUTIONS[distribution][2])
+    trainer = trainer_of(distribution, tmp_path)
+    connector = type(trainer._signal_connector)
+    monkeypatch.delattr(connector, "_sigterm_notifier_fn")  # as if Lightning had renamed it
+    assert internals.missing(trainer, internals.TRAINER, distribution) == [
+        "_signal_connector._sigterm_notifier_fn (replaced by the recorder (2.5.2+ broadcasts in the handler))"]
+    callback = integration.UnisonStop()
+    trainer.callbacks.append(callback)
+    monkeypatch.setattr(internals, "_warned", set())
+    with pytest.warns(UserWarning, match=r"ddp_sigterm is switched off: .* has no _signal_connector\."
+                                         r"_sigterm_notifier_fn"):
+        callback.setup(trainer, None, "fit")
+    assert callback._coordinator is None  # nothing changed: stock Lightning handles SIGTERM
+    assert "_sigterm_notifier_fn" not in trainer._signal_connector.__dict__
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_an_untested_release_gets_a_warning(distribution: str, tmp_path, monkeypatch) -> None:
+    installed(distribution)
+    integration = importlib.import_module(DISTRIBUTIONS[distribution][2])
+    monkeypatch.setattr(integration.UnisonStop, "lightning",
+                        dataclasses.replace(integration.UnisonStop.lightning, version="2.99.0"))
+    monkeypatch.setattr(internals, "_warned", set())
+    trainer = trainer_of(distribution, tmp_path)
+    callback = integration.UnisonStop()
+    trainer.callbacks.append(callback)
+    with pytest.warns(UserWarning, match=rf"tested with {distribution} 2\.5\.1 to 2\.6\.6 .*; this is {distribution} "
+                                         r"2\.99\.0"):
+        callback.setup(trainer, None, "fit")
+    try:
+        assert callback._coordinator is not None  # it still acts: the names it needs are there
+    finally:
+        callback.teardown(trainer, None, "fit")
+
+
+def test_release_ranges() -> None:
+    assert internals.untested("lightning", "2.6.6+ddpsigterm") is None  # the patched build's local version
+    assert internals.untested("lightning", "2.5.1.post0") is None
+    assert internals.untested("lightning", "2.4.0") is not None
+    assert internals.untested("pytorch_lightning", "2.7.0") is not None
