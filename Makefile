@@ -67,7 +67,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 		test_trainer_calls_datamodule_on_exception) \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
-.PHONY: test test-unit lint test-versions test-long test-slurm test-lightning test-upstream upstream-trees patched-lightning test-patched \
+.PHONY: test test-unit lint test-versions test-extended test-slurm test-lightning test-upstream upstream-trees patched-lightning test-patched \
 	soak bench bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
@@ -143,7 +143,7 @@ venv: $(VENV)/.installed
 patched-lightning: $(VENV_PATCHED)/.installed
 
 # The README's test command: unit tests and the multi-process scenarios on Lightning 2.6.6 (pyproject.toml's addopts
-# leave out the targets below: the release matrix, the long repetitions, SLURM).
+# leave out the targets below: the release matrix, the extended matrices and repetitions, SLURM).
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra
 
@@ -164,9 +164,10 @@ test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.
 			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
 	done
 
-# Jobs repeated to catch what happens now and then (gloo's abort at exit).
-test-long: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -ra -m long
+# What keeps make test under 10 minutes out of it: jobs repeated to catch what happens now and then (gloo's abort at
+# exit), the stop signals other than SIGTERM and SIGINT, and the examples' second launchers.
+test-extended: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -ra -m extended
 
 test-unit: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra -m "not scenario and not slurm"

@@ -240,7 +240,7 @@ def supervise(
         groups |= _job_groups(procs)
         for proc in procs.values():
             for pid in _tree(proc.pid):
-                _signal_pid(pid, signal.SIGKILL)
+                signal_pid(pid, signal.SIGKILL)
         for pgid in groups:
             _kill_group(pgid)
         for proc in procs.values():
@@ -284,13 +284,13 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
         for proc in procs.values():
             # like SLURM: every process of the job step, DataLoader workers included
             for pid in _tree(proc.pid):
-                _signal_pid(pid, outside.signum)
+                signal_pid(pid, outside.signum)
     elif outside.targets == "rank:0" and mode == "lightning":  # the launcher's own process is rank 0
-        _signal_pid(procs["launcher"].pid, outside.signum)
+        signal_pid(procs["launcher"].pid, outside.signum)
     elif outside.targets.startswith("rank:"):
         if mode not in ("independent", "slurm"):
             raise ValueError("targets='rank:R' needs one process per rank (independent or slurm mode)")
-        _signal_pid(procs[f"rank{outside.targets.split(':')[1]}"].pid, outside.signum)
+        signal_pid(procs[f"rank{outside.targets.split(':')[1]}"].pid, outside.signum)
     else:
         raise ValueError(f"unknown targets {outside.targets!r}")
 
@@ -327,7 +327,8 @@ def _tree(root: int) -> list[int]:
     return found
 
 
-def _signal_pid(pid: int, signum: int) -> None:
+def signal_pid(pid: int, signum: int) -> None:
+    """Send ``signum`` to ``pid`` if it still runs (it may have exited on its own)."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
 

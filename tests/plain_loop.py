@@ -1,15 +1,18 @@
 """A hand-written torch.distributed DDP loop using the framework-agnostic core (no Lightning).
 
-Launched by the harness like the Lightning scenario (SCENARIO_* variables, outcome.rank<R>.json).
+Launched by the harness like the Lightning scenario (SCENARIO_* variables), it writes outcome.rank<R>.json
+with what such a loop has: its rank, the step it reached, whether (and at which step) it stopped, its exit
+code, the coordinator's decision, and when it signalled itself. Rank 0 saves ``step<N>.pt`` at the stop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import signal
 import time
 
+import injection
 import torch
 import torch.distributed as dist
 
@@ -17,7 +20,7 @@ from ddp_sigterm import StopCoordinator
 
 ENV = os.environ
 OUT = ENV["SCENARIO_OUT"]
-INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
+INJECT = injection.parse(ENV.get("SCENARIO_INJECT", ""))  # phase "forward": before the step's forward
 # SCENARIO_GROUP_RANKS="0,1": only these ranks train, on a process group of their own, and first run one short
 # loop without a signal (a second coordinator of the same ranks then follows the first); the others idle.
 GROUP_RANKS = [int(r) for r in ENV["SCENARIO_GROUP_RANKS"].split(",")] if ENV.get("SCENARIO_GROUP_RANKS") else None
@@ -29,7 +32,7 @@ def main() -> None:
     group = dist.new_group(GROUP_RANKS) if GROUP_RANKS else None  # every rank takes part in making it
     if GROUP_RANKS and rank not in GROUP_RANKS:
         with open(os.path.join(OUT, f"outcome.rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "exception": None, "exit_code": 0, "idle": True}, f)
+            json.dump({"rank": rank, "exit_code": 0, "idle": True}, f)
         dist.destroy_process_group()
         return
     torch.manual_seed(0)
@@ -46,25 +49,23 @@ def main() -> None:
             time.sleep(1.0)  # comes to the second loop later than the others: its first groups are gone by then
     stop = StopCoordinator(group=group)
     stop.start()
-    outcome = {"rank": rank, "exception": None, "exit_code": 0, "stop": None, "injected_at": None}
+    outcome = {"rank": rank, "exit_code": 0, "stopped_at": None, "stop": None, "injected_at": None}
     step = 0
 
     def stop_here() -> None:
         if rank == 0:
-            path = os.path.join(OUT, f"hpc_ckpt_{step}.ckpt")
-            torch.save({"global_step": step, "model": model.module.state_dict()}, path)
+            torch.save({"step": step, "model": model.module.state_dict()}, os.path.join(OUT, f"step{step}.pt"))
         dist.barrier(group=group)
-        outcome.update(exception="SIGTERMException", exit_code=stop.exit_code,
-                       stop={k: getattr(stop.decision, k) for k in stop.decision.__dataclass_fields__})
+        outcome.update(stopped_at=step, exit_code=stop.exit_code, stop=dataclasses.asdict(stop.agreed))
         raise SystemExit(stop.exit_code)
 
     try:
         while step < int(ENV.get("SCENARIO_MAX_STEPS", "12")):
             step += 1
-            for at_rank, at_step, *_ in INJECT:
-                if int(at_rank) == rank and int(at_step) == step and outcome["injected_at"] is None:
+            for injected in INJECT:
+                if injected.matches(rank, step, "forward") and outcome["injected_at"] is None:
                     outcome["injected_at"] = time.monotonic()
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    os.kill(os.getpid(), injected.signum)
             time.sleep(float(ENV.get("SCENARIO_STEP_SLEEP", "0.02")))
             loss = model(torch.randn(4, 16)).pow(2).mean()
             optimizer.zero_grad()
@@ -75,7 +76,7 @@ def main() -> None:
         if stop.decide_now(step):  # a signal after the last agreement is not lost
             stop_here()
     finally:
-        outcome.update(global_step=step, batches_started=step, weights="", callbacks=[])
+        outcome.update(step=step)
         with open(os.path.join(OUT, f"outcome.rank{rank}.json"), "w") as f:
             json.dump(outcome, f)
         stop.close()

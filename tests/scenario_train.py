@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+import injection
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -65,15 +66,11 @@ SLOW_SLEEP = float(ENV.get("SCENARIO_SLOW_SLEEP", str(STEP_SLEEP)))
 # One more evaluation/prediction sample and no batch limits there: prediction shards its data without
 # padding, so rank 0 then predicts one batch more than the others.
 UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
-# "rank:batch:phase[:SIGNAL]" entries separated by ";", each sent once. Batch counts from 1 within the
-# run; "*" is any batch.
-INJECT = [e.split(":") for e in ENV.get("SCENARIO_INJECT", "").split(";") if e]
+# The signals this job sends itself (see injection.py), each once.
+INJECT = injection.parse(ENV.get("SCENARIO_INJECT", ""))
 # Run by the patched Lightning (no package): its stop raises SIGTERMException on every rank at the same step and saves
 # nothing itself; the stop's checkpoint is Lightning's OnExceptionCheckpoint, as a user of that Lightning adds to a fit.
 ON_EXCEPTION_CHECKPOINT = ENV.get("SCENARIO_IMPLEMENTATION") == "patched" and STAGE == "fit"
-# "validation" also means the test and predict batches of trainer.test / trainer.predict; "save" is
-# while a checkpoint is being saved (the stop checkpoint, in these scenarios).
-PHASES = {"batch_start", "forward", "backward", "optimizer", "validation", "epoch_end", "train_end", "save"}
 # Where checkpoints go (default: SCENARIO_OUT). With SCENARIO_LOCK_ROOT=1 the first injection makes it
 # non-writable first, even for root (chattr +i), as a full or read-only file system would be.
 ROOT = ENV.get("SCENARIO_ROOT_DIR", OUT)
@@ -88,8 +85,6 @@ assert THEN in ("", "test_one_device"), THEN
 # which the fix's next counted agreement is at least N batches ahead (package or patched build; see ahead()).
 AHEAD = [int(v) for v in ENV["SCENARIO_SIGNAL_AHEAD"].split(":")] if ENV.get("SCENARIO_SIGNAL_AHEAD") else None
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
-for entry in INJECT:
-    assert entry[2] in PHASES, f"unknown phase {entry[2]!r}; known: {sorted(PHASES)}"
 
 
 class Numbers(Dataset):
@@ -207,10 +202,8 @@ class Injector(Callback):
 
     def at(self, phase: str, batch: int | None = None) -> None:
         batch = self.batch if batch is None else batch
-        for index, (rank, at_batch, at_phase, *name) in enumerate(INJECT):
-            if index in self.sent or int(rank) != self.rank or at_phase != phase:
-                continue
-            if at_batch != "*" and int(at_batch) != batch:
+        for index, injected in enumerate(INJECT):
+            if index in self.sent or not injected.matches(self.rank, batch, phase):
                 continue
             if SIGNAL_GAP and self.sent:  # a separate request, not a repeat of the previous one
                 time.sleep(max(0.0, self.last_sent + SIGNAL_GAP - time.monotonic()))
@@ -220,7 +213,7 @@ class Injector(Callback):
                 if LOCK_ROOT:
                     lock(ROOT)
                 self.injected_at = time.monotonic()
-            os.kill(os.getpid(), signal.Signals[name[0] if name else "SIGTERM"])
+            os.kill(os.getpid(), injected.signum)
 
 
 class ThenProgress(Callback):

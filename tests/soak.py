@@ -33,7 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
-from test_scenarios import MUST_FINISH, assert_finished, assert_unison_stop
+from helpers import MUST_FINISH, assert_finished, assert_unison_stop
+from injection import Injection, encode, parse
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 24
@@ -49,14 +50,14 @@ class Draw:
     mode: str
     world_size: int
     who: str  # "one", "some", "all"
-    inject: str  # SCENARIO_INJECT
+    inject: list[Injection]
     outside: tuple[int, int] | None  # (rank whose progress triggers it, batch) for "all"
     workers: int
     signal: str = "SIGTERM"  # under SLURM, sometimes its requeue signal
 
     def describe(self) -> str:
         where = ";".join(filter(None, [f"outside at rank {self.outside[0]} batch {self.outside[1]}"
-                                       if self.outside else "", self.inject]))
+                                       if self.outside else "", encode(self.inject)]))
         return (f"run {self.run}: {self.mode}, {self.world_size} ranks, {self.workers} workers, "
                 f"{self.signal} to {self.who}: {where}")
 
@@ -67,28 +68,27 @@ def draw(seed: int, run: int) -> Draw:
     world_size = rng.choice((2, 3))
     who = rng.choice(("one", "some", "all"))
     workers = rng.choice((0, 0, 2)) if who != "all" else rng.choice((0, 2))
-    entries: list[str] = []
+    entries: list[tuple[int, int | None, str]] = []  # rank, batch (None: any), phase
     outside = None
     if who == "all":
         outside = (rng.randrange(world_size), rng.randint(1, 10))
         if rng.random() < 0.3:  # and a second signal to one rank while the checkpoint is saved
-            entries.append(f"{rng.randrange(world_size)}:*:save")
+            entries.append((rng.randrange(world_size), None, "save"))
     else:
         ranks = [rng.randrange(world_size)] if who == "one" else rng.sample(range(world_size), 2)
         for rank in ranks:
             entries.extend(_entries(rng, rank))
     name = rng.choice(("SIGTERM", "SIGUSR1")) if mode == "slurm" else "SIGTERM"
-    entries = [f"{entry}:{name}" for entry in entries]
-    return Draw(run, mode, world_size, who, ";".join(entries), outside, workers, name)
+    return Draw(run, mode, world_size, who, [Injection(*entry, name) for entry in entries], outside, workers, name)
 
 
-def _entries(rng: random.Random, rank: int) -> list[str]:
+def _entries(rng: random.Random, rank: int) -> list[tuple[int, int | None, str]]:
     phase = rng.choice(PHASES)
     if phase == "validation":  # batch = the validation batch, in the first validation round
-        return [f"{rank}:{rng.randint(1, 4)}:validation"]
+        return [(rank, rng.randint(1, 4), "validation")]
     if phase == "save":  # the first signal somewhere, a second one during the stop checkpoint's save
-        return [f"{rank}:{rng.randint(1, 10)}:forward", f"{rank}:*:save"]
-    return [f"{rank}:{rng.randint(1, 10)}:{phase}"]
+        return [(rank, rng.randint(1, 10), "forward"), (rank, None, "save")]
+    return [(rank, rng.randint(1, 10), phase)]
 
 
 def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
@@ -100,7 +100,7 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
     facts: dict = {"returncodes": None, "elapsed": 0.0}
     try:
         stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside, env=env,
-                          scenario={**scenario, "SCENARIO_INJECT": d.inject})
+                          scenario={**scenario, "SCENARIO_INJECT": encode(d.inject)})
         facts.update(returncodes=stopped.returncodes, elapsed=round(stopped.elapsed, 1))
         step = assert_unison_stop(stopped, exit_code=128 + signum)
         facts["step"] = step
@@ -135,7 +135,7 @@ def main() -> int:
     for run in runs:
         d = draw(args.seed, run)
         ok, why, facts = run_one(d, args.out / f"run{run}")
-        rows.append({**dataclasses.asdict(d), "ok": ok, **facts})
+        rows.append({**dataclasses.asdict(d), "inject": encode(d.inject), "ok": ok, **facts})
         print(f"{'ok  ' if ok else 'FAIL'} {d.describe()} -> step {facts.get('step')}, "
               f"{facts['returncodes']}, {facts['elapsed']} s", flush=True)
         if ok:
@@ -163,9 +163,8 @@ def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -
 
     phases: dict[str, int] = {}
     for row in rows:
-        for phase in PHASES:
-            if f":{phase}" in row["inject"]:
-                phases[phase] = phases.get(phase, 0) + 1
+        for phase in sorted({injected.phase for injected in parse(row["inject"])}):
+            phases[phase] = phases.get(phase, 0) + 1
     venv = Path(sys.prefix).name
     make = f"make soak N={len(rows)} SEED={seed}"
     if venv != ".venv":

@@ -433,3 +433,17 @@ def test_docs_slurm_shows_the_sbatch_scripts_the_slurm_tests_submit() -> None:
     assert scripts
     for script in scripts:
         assert script.read_text().rstrip() in docs, f"docs/slurm.md does not show {script.name} as it is"
+
+
+# -- the suite's own fault injections (tests/injection.py) ---------------------------------------
+def test_fault_injections_are_parsed_once_and_checked() -> None:
+    from injection import Injection, encode, parse
+
+    assert parse("1:2:forward;0:*:save:SIGUSR1;1:3") == [
+        Injection(1, 2, "forward"), Injection(0, None, "save", "SIGUSR1"), Injection(1, 3, "forward")]
+    assert encode("1:2:forward;0:*:save:SIGUSR1") == "1:2:forward;0:*:save:SIGUSR1"
+    assert Injection(0, None, "save").matches(0, 7, "save")
+    assert not Injection(0, 2, "save").matches(0, 7, "save")
+    for bad in ("1:2:fwd", "1:2:forward:SIGNOPE", "one:2", "1:2:forward:SIGTERM:extra"):
+        with pytest.raises((ValueError, KeyError)):
+            parse(bad)

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from harness import PYTHON, Supervised, _signal_pid, free_port, stop_checkpoints, supervise
+from harness import PYTHON, Supervised, free_port, signal_pid, supervise
+from helpers import per_rank, saved_step, steps_done
 
 pytestmark = pytest.mark.scenario
 
@@ -59,7 +59,7 @@ def run(example: str, launcher: str, out: Path, root: Path, signal_rank: int | N
         text = (out / f"{label}.log").read_text(errors="replace")
         pid = re.search(rf"\[rank {signal_rank}\] pid (\d+),", text)
         if pid and re.search(rf"\[rank {signal_rank}\] step {SIGNAL_AFTER_STEP}(?!\d)", text):
-            _signal_pid(int(pid.group(1)), signum)
+            signal_pid(int(pid.group(1)), signum)
             sent.append(int(pid.group(1)))
 
     out.mkdir(parents=True, exist_ok=True)
@@ -76,31 +76,10 @@ def tail(result: Supervised) -> str:
     return "\n".join(result.output().splitlines()[-60:])
 
 
-def per_rank(pattern: str, text: str) -> dict[int, int]:
-    """rank -> the number in the first line matching ``[rank R] <pattern>`` (pattern has one group)."""
-    found: dict[int, int] = {}
-    for rank, number in re.findall(rf"\[rank (\d+)\] {pattern}", text):
-        found.setdefault(int(rank), int(number))
-    return found
 
 
-def steps_done(text: str) -> dict[int, list[int]]:
-    done: dict[int, list[int]] = {}
-    for rank, step in re.findall(r"\[rank (\d+)\] step (\d+)", text):
-        done.setdefault(int(rank), []).append(int(step))
-    return done
 
 
-def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
-    """The checkpoints the stop left, and the step the one checkpoint holds."""
-    if example == "trainer":
-        files = stop_checkpoints(root)
-        key = "global_step"
-    else:
-        files = sorted(p for p in root.iterdir() if re.fullmatch(r"step-\d+\.(pt|ckpt)", p.name))
-        key = "step"
-    assert len(files) == 1, f"expected one checkpoint in {root}, found {files}"
-    return files, torch.load(files[0], map_location="cpu", weights_only=False)[key]
 
 
 def assert_stopped_in_unison(example: str, launcher: str, stopped: Supervised, root: Path, signum: int) -> int:
@@ -126,11 +105,12 @@ def assert_stopped_in_unison(example: str, launcher: str, stopped: Supervised, r
 
 
 # The Trainer example never imports ddp_sigterm: it holds for the patched Lightning too (make test-patched).
+# One launcher per example in make test; the other launchers in make test-extended.
 @pytest.mark.parametrize(("example", "launcher"), [
     pytest.param("trainer", "lightning", marks=pytest.mark.patched),
-    ("trainer", "torchrun"),
+    pytest.param("trainer", "torchrun", marks=pytest.mark.extended),
     ("fabric", "lightning"),
-    ("fabric", "torchrun"),
+    pytest.param("fabric", "torchrun", marks=pytest.mark.extended),
     ("plain_torch", "torchrun"),
 ])
 def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: str, launcher: str,
@@ -153,7 +133,9 @@ def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: s
     assert set(resumed.returncodes.values()) == {0}, f"exit code {resumed.returncodes}\n{why}"
 
 
-@pytest.mark.parametrize("name", ["SIGINT", "SIGUSR1", "SIGUSR2"])
+# SIGINT (whose default handler Python implements as a function) in make test; the others in make test-extended.
+@pytest.mark.parametrize("name", ["SIGINT", pytest.param("SIGUSR1", marks=pytest.mark.extended),
+                                  pytest.param("SIGUSR2", marks=pytest.mark.extended)])
 @pytest.mark.parametrize(("example", "launcher"), [("fabric", "lightning"), ("plain_torch", "torchrun")])
 def test_every_listed_stop_signal_stops_in_unison(example: str, launcher: str, name: str, tmp_path: Path) -> None:
     """``DDP_SIGTERM_SIGNALS`` lists more stop signals than SIGTERM: each of them, sent to rank 1 alone,

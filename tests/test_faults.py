@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
-from test_scenarios import (
+from helpers import (
     MUST_FINISH,
     SIGTERM_EXIT,
     assert_finished,
     assert_stopped_after,
     assert_unison_stop,
     fit,
+    log_of,
 )
 
 from ddp_sigterm._core.deadline import GAVE_UP_EXIT_CODE
@@ -29,10 +30,6 @@ LONG = {"SCENARIO_MAX_STEPS": "400", "SCENARIO_BATCHES": "400"}  # still trainin
 WITH_DEADLINE = {"DDP_SIGTERM_STOP_DEADLINE": str(DEADLINE)}
 # Runs per exit-code test; `EXIT_CODE_RUNS=50 make test` for the record in docs/reliability.md.
 EXIT_CODE_RUNS = int(os.environ.get("EXIT_CODE_RUNS", "5"))
-
-
-def log_of(result, label: str) -> str:
-    return result.logs[label].read_text(errors="replace")
 
 
 # -- a peer that cannot take part ------------------------------------------------------------------
@@ -152,7 +149,7 @@ def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, 
 
 
 # -- exit codes, every time ------------------------------------------------------------------------
-@pytest.mark.long
+@pytest.mark.extended
 @pytest.mark.parametrize("outcome", ["finished", "stopped"])
 def test_exit_codes_every_time(tmp_path: Path, outcome: str) -> None:
     """gloo sometimes aborts at interpreter exit ("terminate called without an active exception", -6)

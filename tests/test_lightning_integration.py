@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from ddp_sigterm import SettingsError
+from ddp_sigterm._lightning import internals
 
 # (Trainer package, the package's callback for it)
 TRAINER_PACKAGES = {
@@ -61,6 +62,7 @@ def lightning(request) -> SimpleNamespace:
         def on_train_start(self, trainer, pl_module):
             self.active = [cb for cb in trainer.callbacks
                            if isinstance(cb, ours.UnisonStop) and cb._coordinator is not None]
+            self.recorder = self.active[0]._coordinator.recorder if self.active else None
             self.notifier = trainer._signal_connector.__dict__.get("_sigterm_notifier_fn")
             self.broadcast = trainer.fit_loop.epoch_loop.__dict__.get("_broadcast_sigterm_tensor")
             self.handler = signal.getsignal(signal.SIGTERM)
@@ -84,9 +86,11 @@ def test_explicit_callback_wins_and_lightning_hooks_are_restored(lightning, tmp_
     trainer.fit(lightning.Tiny())
     assert probe.active == [explicit]  # the auto-registered instance stepped aside
     assert explicit.settings.max_delay == 0.5
-    assert probe.notifier is not None  # Lightning's notifier (broadcast in the handler) replaced
-    if hasattr(type(trainer.fit_loop.epoch_loop), "_broadcast_sigterm_tensor"):
-        assert probe.broadcast is not None  # Lightning's per-batch broadcast switched off
+    # Lightning's notifier (a broadcast in the handler from 2.5.2) is the recorder of the run's coordinator
+    assert probe.notifier == probe.recorder.record
+    distribution = "lightning" if lightning.pl.__name__ == "lightning.pytorch" else "pytorch_lightning"
+    if internals.at_least(distribution, "2.5.2"):  # Lightning's per-batch broadcast is switched off
+        assert probe.broadcast is internals._no_broadcast
     assert probe.handler is not before
     # after the run: Lightning's own methods are back, the handler is the user's again
     assert "_sigterm_notifier_fn" not in trainer._signal_connector.__dict__

@@ -24,7 +24,7 @@ import pytest
 import slurm_cluster
 import torch
 from harness import free_port
-from test_examples import per_rank, saved_step, steps_done
+from helpers import per_rank, saved_step, steps_done
 
 pytestmark = [pytest.mark.slurm, pytest.mark.scenario]
 

@@ -68,17 +68,15 @@ def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: i
     part raised, and if it failed anywhere, every rank raises :class:`StopError` (with this rank's own
     error as the cause, where it has one). Returns ``action()``'s result. Every rank must call it at
     the same point: it is also the barrier that ends ``what``."""
-    error, result = None, None
     try:
         result = action()
-    except Exception as caught:
-        error = caught
-    failed = stop.all_succeeded(error is None, what, step)
-    if failed is None:
-        return result  # type: ignore[return-value]
-    if error is not None:
+    except Exception as error:  # every rank must learn of it: reported, then raised as StopError
+        stop.all_succeeded(False, what, step)
         raise StopError(f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed: "
                         f"{type(error).__name__}: {error}") from error
+    failed = stop.all_succeeded(True, what, step)
+    if failed is None:
+        return result
     raise StopError(f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed on rank "
                     f"{failed} (its log has the reason)")
 

@@ -185,7 +185,8 @@ def validate_launched(fabric: Any) -> None:
 
 
 def fabric_callbacks(fabric: Any) -> list[Any]:
-    return fabric._callbacks  # type: ignore[no-any-return]
+    callbacks: list[Any] = fabric._callbacks
+    return callbacks
 
 
 # -- Lightning's launcher ----------------------------------------------------------------------------

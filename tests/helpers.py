@@ -1,0 +1,178 @@
+"""What the tests assert, shared: the bounds, the checks of a job's outcome, and how a scenario job is run.
+
+The job runner itself is ``harness.py``; the faults a job sends itself are ``injection.py``. Test modules,
+the soak and the SLURM tests import from here, never from one another.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import injection
+import torch
+from harness import JobResult, run_job, stop_checkpoints
+
+# What must finish gets a generous bound (2 busy cores); what must not hang has its own, short one.
+MUST_FINISH = 180.0
+HANG_BOUND = 30.0
+SIGTERM_EXIT = 128 + signal.SIGTERM
+# Which fix the job runs: "package" (ddp_sigterm installed, the default) or "patched" (a Lightning built from
+# patches/, without ddp_sigterm). Only the package records its decision (``SIGTERMException.stop``).
+IMPLEMENTATION = os.environ.get("SCENARIO_IMPLEMENTATION", "package")
+assert IMPLEMENTATION in ("package", "patched"), IMPLEMENTATION
+STEP_SLEEP = 0.02  # seconds of work per step in the scenario script
+MAX_DELAY = 1.0  # the default setting
+VAL_BATCHES = 4  # evaluation batches per rank in the scenario script
+
+
+def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, checkpoint: bool = True,
+                       same_boundary: bool = True) -> int:
+    """Every rank raised SIGTERMException at the same step and exited 128+signal; returns the step.
+    ``same_boundary=False`` where ranks legitimately passed different numbers of check points
+    (loops of uneven length)."""
+    why = result.describe()
+    assert not result.timed_out, f"job did not finish within {MUST_FINISH}s (deadlock?)\n{why}"
+    assert sorted(result.outcomes) == list(range(result.world_size)), f"missing rank outcomes\n{why}"
+    expected_lightning = os.environ.get("SCENARIO_EXPECT_LIGHTNING")
+    for rank, outcome in result.outcomes.items():
+        assert outcome["exception"] == "SIGTERMException", f"rank {rank} did not stop cleanly\n{why}"
+        if expected_lightning and "lightning" in outcome:
+            assert outcome["lightning"] == expected_lightning, f"rank {rank} ran the wrong Lightning\n{why}"
+        assert outcome["exit_code"] == exit_code, f"rank {rank} exit code\n{why}"
+        if IMPLEMENTATION == "package":  # the package's decision record proves the package stopped it
+            assert outcome["stop"] is not None, f"rank {rank} stopped without the package\n{why}"
+        else:
+            assert "UnisonStop" not in outcome["callbacks"], f"rank {rank} ran the package, not the patch\n{why}"
+    steps = set(result.steps().values())
+    assert len(steps) == 1, f"ranks stopped at different steps {result.steps()}\n{why}"
+    started = {o["batches_started"] for o in result.outcomes.values()}
+    assert len(started) == 1, f"a rank started a batch another did not start\n{why}"
+    if IMPLEMENTATION == "package":
+        decisions = {(o["stop"]["signum"], o["stop"]["boundary"] if same_boundary else None)
+                     for o in result.outcomes.values()}
+        assert len(decisions) == 1, f"ranks disagree on the decision\n{why}"
+    if result.mode in ("independent", "slurm", "single"):
+        assert set(result.returncodes.values()) == {exit_code}, f"process exit codes\n{why}"
+    elif result.mode == "lightning":
+        assert result.returncodes["launcher"] == exit_code, f"launcher exit code\n{why}"
+    else:
+        assert result.returncodes["torchrun"] != 0, f"torchrun reported success\n{why}"
+    (step,) = steps
+    ckpts = result.checkpoints()
+    if checkpoint:
+        assert len(ckpts) == 1, f"expected one hpc checkpoint, found {ckpts}\n{why}"
+        saved = torch.load(ckpts[0], map_location="cpu", weights_only=False)
+        assert saved["global_step"] == step, f"checkpoint holds step {saved['global_step']}, ranks stopped at {step}"
+    else:
+        assert ckpts == [], f"no checkpoint expected outside fit, found {ckpts}"
+    return step
+
+
+def assert_stopped_after(step: int, signalled: int, step_seconds: float = STEP_SLEEP) -> None:
+    """Stopped at or after the signalled step, and no later than the delay bound allows (the cadence
+    may stretch checks over up to max_delay / step time steps)."""
+    assert signalled <= step <= signalled + int(MAX_DELAY / step_seconds) + 1, (step, signalled)
+
+
+def assert_latency(result: JobResult, signalled_at: float | None = None) -> None:
+    """Signal to agreed stop within max(one step, max_delay), plus scheduling slack on 2 busy cores.
+    Without the package's decision record, the time the exception reached the script bounds it from above."""
+    for rank, outcome in result.outcomes.items():
+        sent = signalled_at if signalled_at is not None else outcome["injected_at"]
+        if sent is None:
+            continue
+        if outcome["stop"] is not None:
+            latency = outcome["stop"]["decided_at"] - sent
+            after = f"{outcome['stop']['boundaries_since_signal']} step boundaries after the signal was recorded"
+        else:
+            latency, after = outcome["ended_at"] - sent, "checkpoint save included"
+        print(f"stop latency rank {rank}: {latency * 1000:.0f} ms, {after}")
+        assert latency < max(STEP_SLEEP, MAX_DELAY) + 2.0, result.describe()
+
+
+def assert_finished(result: JobResult, steps: int, stock: bool = False) -> None:
+    """Every rank trained ``steps`` steps and exited 0. ``stock``: a run without the package, which
+    may abort at exit with gloo's "terminate called without an active exception" (-6), the failure
+    the package's ``destroy_at_exit`` removes; every rank must still have finished."""
+    why = result.describe()
+    assert not result.timed_out, why
+    codes = set(result.returncodes.values())
+    if stock and -signal.SIGABRT in codes:
+        aborted = [label for label, code in result.returncodes.items() if code == -signal.SIGABRT]
+        assert all("terminate called" in result.logs[label].read_text(errors="replace") for label in aborted), why
+        print(f"stock Lightning aborted at exit (gloo, -6) in {aborted}")
+        codes.discard(-signal.SIGABRT)
+    assert codes <= {0} if stock else codes == {0}, why
+    assert {o["exception"] for o in result.outcomes.values()} == {None}, why
+    assert set(result.steps().values()) == {steps}, why
+
+
+def assert_signalled_yet_finished(result: JobResult, steps: int) -> None:
+    """Rank 1 was signalled, and every rank still finished (the patched Lightning, where the fix lets finished work or
+    prediction end as it does with one device)."""
+    assert result.outcomes.get(1, {}).get("injected_at") is not None, result.describe()
+    assert_finished(result, steps=steps)
+
+
+def fit(tmp: Path, mode: str = "independent", world_size: int = 2,
+        inject: str | list[injection.Injection] = "", **scenario: str) -> JobResult:
+    """A scenario job (tests/scenario_train.py) that must finish; ``inject``: the faults it sends itself,
+    checked here (see injection.py)."""
+    return run_job(tmp, mode=mode, world_size=world_size, timeout=MUST_FINISH,
+                   scenario={"SCENARIO_INJECT": injection.encode(inject), **scenario})
+
+
+def assert_plain_loop_stopped(result: JobResult, ranks: tuple[int, ...] = (0, 1)) -> int:
+    """The plain loop (tests/plain_loop.py) stopped on ``ranks`` at the same step with exit 128 + SIGTERM, the
+    same decision on each, and rank 0 saved that step, once; returns the step."""
+    why = result.describe()
+    assert not result.timed_out, f"job did not finish within {MUST_FINISH}s (deadlock?)\n{why}"
+    stopped = {rank: result.outcomes[rank] for rank in ranks if rank in result.outcomes}
+    assert sorted(stopped) == list(ranks), f"missing rank outcomes\n{why}"
+    assert {o["exit_code"] for o in stopped.values()} == {SIGTERM_EXIT}, why
+    steps = {o["stopped_at"] for o in stopped.values()}
+    assert len(steps) == 1, f"ranks stopped at different steps\n{why}"
+    (step,) = steps
+    assert step is not None, why
+    assert len({(o["stop"]["signum"], o["stop"]["boundary"]) for o in stopped.values()}) == 1, why
+    assert result.returncodes["torchrun"] != 0, f"torchrun reported success\n{why}"
+    saved = sorted(result.out.glob("step*.pt"))
+    assert [p.name for p in saved] == [f"step{step}.pt"], f"{saved}\n{why}"
+    assert torch.load(saved[0], map_location="cpu", weights_only=False)["step"] == step, why
+    return step
+
+
+def log_of(result: JobResult, label: str) -> str:
+    return result.logs[label].read_text(errors="replace")
+
+
+# -- the examples' output ("[rank R] ..." lines) ---------------------------------------------------
+
+def per_rank(pattern: str, text: str) -> dict[int, int]:
+    """rank -> the number in the first line matching ``[rank R] <pattern>`` (pattern has one group)."""
+    found: dict[int, int] = {}
+    for rank, number in re.findall(rf"\[rank (\d+)\] {pattern}", text):
+        found.setdefault(int(rank), int(number))
+    return found
+
+
+def steps_done(text: str) -> dict[int, list[int]]:
+    done: dict[int, list[int]] = {}
+    for rank, step in re.findall(r"\[rank (\d+)\] step (\d+)", text):
+        done.setdefault(int(rank), []).append(int(step))
+    return done
+
+
+def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
+    """The checkpoints the stop left, and the step the one checkpoint holds."""
+    if example == "trainer":
+        files = stop_checkpoints(root)
+        key = "global_step"
+    else:
+        files = sorted(p for p in root.iterdir() if re.fullmatch(r"step-\d+\.(pt|ckpt)", p.name))
+        key = "step"
+    assert len(files) == 1, f"expected one checkpoint in {root}, found {files}"
+    return files, torch.load(files[0], map_location="cpu", weights_only=False)[key]
