@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ddp_sigterm._core.agreement import PAYLOAD_SIZE
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import run_job  # noqa: E402
@@ -264,7 +266,7 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
                          f"{row['exception'] * 1000:.0f} ms | {row['exited'] * 1000:.0f} ms | "
                          f"{'yes' if decided <= bound else 'NO'} | {', '.join(map(str, codes))} |")
     lines += ["", "## The agreement at scale", "",
-              "The agreement is one all-reduce of five int64 on a gloo group. Measured alone (500 after a "
+              f"The agreement is one all-reduce of {PAYLOAD_SIZE} int64 on a gloo group. Measured alone (500 after a "
               "warm-up, per rank; median over ranks):", "", "| ranks | median | p90 |", "|---|---|---|"]
     for world, row in collective.items():
         lines.append(f"| {world}{oversubscribed(world)} | {row['median_ms']:.3f} ms | {row['p90_ms']:.3f} ms |")

@@ -1,8 +1,9 @@
 """One rank of the collective micro-benchmark: the agreement's all-reduce alone, timed.
 
 Started by benchmarks/bench.py (through the test harness, one process per rank). Each rank joins a
-gloo group, runs BENCH_WARMUP all-reduces of five int64 (the agreement's payload), then times
-BENCH_REPEATS of them, and writes ``collective.rank<R>.json`` with every duration in seconds.
+gloo group, runs BENCH_WARMUP all-reduces of the agreement's payload (``PAYLOAD_SIZE`` int64,
+one per field of its vote), then times BENCH_REPEATS of them, and writes ``collective.rank<R>.json``
+with every duration in seconds.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import time
 import torch
 import torch.distributed as dist
 
+from ddp_sigterm._core.agreement import PAYLOAD_SIZE
+
 ENV = os.environ
 
 
 def main() -> None:
     rank, world = int(ENV["NODE_RANK"]), int(ENV["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    votes = torch.zeros(5, dtype=torch.int64)
+    votes = torch.zeros(PAYLOAD_SIZE, dtype=torch.int64)
     for _ in range(int(ENV.get("BENCH_WARMUP", "50"))):
         dist.all_reduce(votes, op=dist.ReduceOp.MAX)
     durations = []

@@ -31,6 +31,10 @@ class Vote:
     signalled_rank: int | None = None  # the lowest rank (of the agreement's) that recorded a stop signal
 
 
+PAYLOAD_SIZE = len(dataclasses.fields(Vote))
+"""The int64 all-reduced by one agreement: one per field of :class:`Vote`."""
+
+
 class Agreement:
     """Cross-rank vote on a stop over a dedicated gloo group.
 
@@ -49,7 +53,7 @@ class Agreement:
         self.rank = self.ranks.index(dist.get_rank()) if self.distributed else 0
         self.world_size = len(self.ranks) if self.distributed else 1
         self.group = cpu_group(self.ranks, timeout_seconds) if self.distributed else None
-        self._payload = torch.zeros(6, dtype=torch.int64)
+        self._payload = torch.zeros(PAYLOAD_SIZE, dtype=torch.int64)
 
     def decide(self, signum: int, interval: int, where: str, in_loop: bool = True, requeue: bool = False,
                boundary: int = 0) -> Vote:
