@@ -84,6 +84,10 @@ class JobResult:
             lines.append(f"----- tail of {label} ({path}) -----\n{tail}")
         return "\n".join(lines)
 
+    def log(self, label: str) -> str:
+        """The stdout and stderr of one process of the job ("rank1", "launcher", ...)."""
+        return self.logs[label].read_text(errors="replace")
+
     def steps(self) -> dict[int, int]:
         return {rank: o["global_step"] for rank, o in self.outcomes.items()}
 

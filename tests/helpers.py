@@ -102,7 +102,7 @@ def assert_finished(result: JobResult, steps: int, stock: bool = False) -> None:
     codes = set(result.returncodes.values())
     if stock and -signal.SIGABRT in codes:
         aborted = [label for label, code in result.returncodes.items() if code == -signal.SIGABRT]
-        assert all("terminate called" in result.logs[label].read_text(errors="replace") for label in aborted), why
+        assert all("terminate called" in result.log(label) for label in aborted), why
         print(f"stock Lightning aborted at exit (gloo, -6) in {aborted}")
         codes.discard(-signal.SIGABRT)
     assert codes <= {0} if stock else codes == {0}, why
@@ -143,10 +143,6 @@ def assert_plain_loop_stopped(result: JobResult, ranks: tuple[int, ...] = (0, 1)
     assert [p.name for p in saved] == [f"step{step}.pt"], f"{saved}\n{why}"
     assert torch.load(saved[0], map_location="cpu", weights_only=False)["step"] == step, why
     return step
-
-
-def log_of(result: JobResult, label: str) -> str:
-    return result.logs[label].read_text(errors="replace")
 
 
 # -- the examples' output ("[rank R] ..." lines) ---------------------------------------------------

@@ -444,6 +444,8 @@ def test_fault_injections_are_parsed_once_and_checked() -> None:
     assert encode("1:2:forward;0:*:save:SIGUSR1") == "1:2:forward;0:*:save:SIGUSR1"
     assert Injection(0, None, "save").matches(0, 7, "save")
     assert not Injection(0, 2, "save").matches(0, 7, "save")
-    for bad in ("1:2:fwd", "1:2:forward:SIGNOPE", "one:2", "1:2:forward:SIGTERM:extra"):
-        with pytest.raises((ValueError, KeyError)):
+    malformed = {"1:2:fwd": "unknown phase 'fwd'", "1:2:forward:SIGNOPE": "unknown signal 'SIGNOPE'",
+                 "one:2": "invalid literal for int", "1:2:forward:SIGTERM:extra": "expected rank:batch"}
+    for bad, why in malformed.items():
+        with pytest.raises(ValueError, match=why):
             parse(bad)

@@ -17,7 +17,6 @@ from helpers import (
     assert_stopped_after,
     assert_unison_stop,
     fit,
-    log_of,
 )
 
 from ddp_sigterm._core.deadline import GAVE_UP_EXIT_CODE
@@ -49,7 +48,7 @@ def test_stuck_peer_signalled_rank_gives_up_at_the_deadline(tmp_path: Path) -> N
     assert result.returncodes["rank1"] == GAVE_UP_EXIT_CODE, why
     assert DEADLINE - 0.5 <= took <= DEADLINE + EXIT_SLACK, why
     # blocked in the step's all-reduce, or in the agreement if the freeze came after rank 0's last step
-    log = log_of(result, "rank1")
+    log = result.log("rank1")
     gave_up = "ddp_sigterm: rank 1 of 2: the stop did not complete within stop_deadline=5 s of the first SIGTERM"
     assert gave_up in log, why
     assert ("it was waiting for the next step boundary after step" in log
@@ -78,7 +77,7 @@ def test_dead_peer_signalled_rank_exits_nonzero_within_the_deadline(tmp_path: Pa
     assert took <= DEADLINE + EXIT_SLACK, why
     outcome = result.outcomes.get(1)
     assert outcome is None or outcome["exception"] != "SIGTERMException", why
-    log = log_of(result, "rank1")
+    log = result.log("rank1")
     assert "ddp_sigterm: rank 1 of 2" in log or "Connection reset by peer" in log or "Connection closed" in log, why
     assert result.checkpoints() == [], why
 
@@ -103,7 +102,7 @@ def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
     assert result.returncodes["rank1"] == GAVE_UP_EXIT_CODE, why
     assert result.elapsed < 60, why  # well before the deadline
     assert ("ddp_sigterm: rank 1 of 2: SIGTERM received a third time (at least 1 s apart); it was waiting for"
-            in log_of(result, "rank1")), why
+            in result.log("rank1")), why
     assert result.returncodes["rank0"] not in (0, SIGTERM_EXIT, None), why
     assert result.checkpoints() == [], why
 
@@ -131,7 +130,7 @@ def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, 
         assert scontrol_calls(env) == ["show job --oneliner 4242"], why
         warning = ("scontrol show job --oneliner 4242 failed with exit code 1: slurm_requeue error: Access/permission "
                    "denied; cannot tell whether SLURM is preempting the job: it is not requeued")
-        assert warning in log_of(result, "rank0"), why
+        assert warning in result.log("rank0"), why
         assert_stopped_after(assert_unison_stop(result, exit_code=128 + signal.SIGTERM), 2)
         return
     asked = ["show job --oneliner 4242"] if case == "preempted" else []
@@ -140,8 +139,8 @@ def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, 
         assert not result.timed_out, why
         assert set(result.returncodes.values()) == {1}, why
         assert len({o["global_step"] for o in result.outcomes.values()}) == 1, why
-        assert "scontrol requeue 4242 failed with exit code 1: slurm_requeue error" in log_of(result, "rank0"), why
-        assert "but requeueing the SLURM job failed on rank 0" in log_of(result, "rank1"), why
+        assert "scontrol requeue 4242 failed with exit code 1: slurm_requeue error" in result.log("rank0"), why
+        assert "but requeueing the SLURM job failed on rank 0" in result.log("rank1"), why
         assert len(result.checkpoints()) == 1, why
         return
     signum = signal.SIGTERM if case in ("with-sigterm", "preempted") else signal.SIGUSR1
@@ -160,7 +159,7 @@ def test_exit_codes_every_time(tmp_path: Path, outcome: str) -> None:
     for run in range(EXIT_CODE_RUNS):
         result = fit(tmp_path / str(run), inject="1:2:forward" if outcome == "stopped" else "",
                      SCENARIO_MAX_STEPS="4")
-        logs = "".join(path.read_text(errors="replace") for path in result.logs.values())
+        logs = "".join(map(result.log, result.logs))
         seen.append(sorted(result.returncodes.values()))
         assert "terminate called" not in logs, result.describe()
         assert set(result.returncodes.values()) == {expected}, result.describe()
@@ -179,7 +178,7 @@ def test_bad_settings_stop_the_job_before_training_with_the_reason(tmp_path: Pat
     assert not result.timed_out, why
     assert set(result.returncodes.values()) == {1}, why
     for label in result.logs:
-        assert message in log_of(result, label), why
+        assert message in result.log(label), why
     assert not list(tmp_path.glob("progress.rank*")) or all(
         "train" not in p.read_text() for p in tmp_path.glob("progress.rank*")), why
 

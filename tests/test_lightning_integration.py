@@ -88,8 +88,8 @@ def test_explicit_callback_wins_and_lightning_hooks_are_restored(lightning, tmp_
     assert explicit.settings.max_delay == 0.5
     # Lightning's notifier (a broadcast in the handler from 2.5.2) is the recorder of the run's coordinator
     assert probe.notifier == probe.recorder.record
-    distribution = "lightning" if lightning.pl.__name__ == "lightning.pytorch" else "pytorch_lightning"
-    if internals.at_least(distribution, "2.5.2"):  # Lightning's per-batch broadcast is switched off
+    # Lightning's per-batch broadcast (from 2.5.2) is switched off
+    if internals.at_least(explicit.lightning.distribution, "2.5.2"):
         assert probe.broadcast is internals._no_broadcast
     assert probe.handler is not before
     # after the run: Lightning's own methods are back, the handler is the user's again

@@ -54,7 +54,7 @@ def test_every_rank_logs_the_stop(tmp_path: Path) -> None:
     when, the agreed step, the checkpoint and how long saving it took."""
     result = fit(tmp_path, inject="1:2:forward")
     step = assert_unison_stop(result)
-    logs = {rank: result.logs[f"rank{rank}"].read_text(errors="replace") for rank in (0, 1)}
+    logs = {rank: result.log(f"rank{rank}") for rank in (0, 1)}
     why = result.describe()
     signalled = (rf"ddp_sigterm INFO rank 1 of 2: SIGTERM received here at \d{{4}}-\d\d-\d\d [0-9:.]+ \([0-9.]+ s"
                  rf"(, \d+ step boundaries)? before the agreement\); every rank stops at step {step} ")
@@ -310,8 +310,8 @@ def test_no_signal_trains_exactly_like_stock_lightning(tmp_path: Path) -> None:
     assert all("UnisonStop" not in o["callbacks"] for o in stock.outcomes.values()), stock.describe()
     assert {o["weights"] for o in ours.outcomes.values()} == {o["weights"] for o in stock.outcomes.values()}
     assert ours.checkpoints() == []
-    for label, log in ours.logs.items():  # a run that gets no signal logs nothing (Lightning names the entry point)
-        said = re.findall(r".*ddp_sigterm(?: [A-Z]+ |: ).*", log.read_text(errors="replace"))
+    for label in ours.logs:  # a run that gets no signal logs nothing (Lightning names the entry point)
+        said = re.findall(r".*ddp_sigterm(?: [A-Z]+ |: ).*", ours.log(label))
         assert said == [], f"{label}: {said}\n{ours.describe()}"
     # the patched build destroys a gloo default group at exit (PR 2), as Lightning does for NCCL: its purpose
     by_design = {"lightning.fabric.utilities.distributed._destroy_dist_connection"} if not package else set()
