@@ -17,16 +17,20 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 	SCENARIO_EXPECT_LIGHTNING=2.6.6+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched tests/test_scenarios.py \
 	tests/test_examples.py
 # Lightning's own tests of what the series changes, from its 2.6.5 tests with the series' tests/ hunks applied
-# (patches/build.sh --tests): the 16 test_auto_restart_under_signal cases, the signal connector's tests (the cadence's
-# unit tests), the two-process test_sigterm_ddp.py, the CombinedLoader's and SIGTERMException's tests, and fabric's
-# test_distributed.py (run apart: another conftest). Run from the tests/ folder, as Lightning's CI does, by the patched
-# build alone.
+# (patches/build.sh --tests): the 16 test_auto_restart_under_signal cases, the signal connector's tests, the
+# CombinedLoader's and SIGTERMException's tests, and fabric's test_distributed.py (run apart: another conftest); then
+# the standalone two-process tests of test_ddp_sigterm_handling.py, one pytest process each, as Lightning's CI runs
+# them (tests/upstream_suite.py standalone). Run from the tests/ folder, as Lightning's CI does, by the patched build
+# alone.
 RELEASE_TESTS := build/lightning-2.6.6-tests/tests
 RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
+RELEASE_STANDALONE := tests_pytorch/trainer/test_ddp_sigterm_handling.py
 PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/utilities/test_auto_restart.py \
-	tests_pytorch/trainer/connectors/test_signal_connector.py tests_pytorch/trainer/connectors/test_sigterm_ddp.py \
+	tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/utilities/test_combined_loader.py tests_pytorch/utilities/test_exceptions.py \
-	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py
+	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py && cd $(CURDIR) \
+	&& $(PYTHON) tests/upstream_suite.py standalone --python $(VENV_PATCHED)/bin/python --tests $(RELEASE_TESTS) \
+		--out build/standalone-patched $(RELEASE_STANDALONE)
 
 # Lightning's own tests (the release sdist has none), stock and with the package: see tests/upstream_suite.py.
 LIGHTNING_TESTS ?= $(firstword $(wildcard ../shared/upstream/lightning-2.6.5-tests.tar.gz \
@@ -46,10 +50,15 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 # SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
 LIGHTNING_MASTER ?= $(firstword $(wildcard ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \
 	/work/shared/upstream/lightning-master-7f0c3436cd.tar.gz))
+# The open upstream pull requests' diffs; a series' `base` file names those it is stacked on (applied first, in
+# master-base/ and master-patched/; patches/build.sh does the same for the release build).
+OPEN_PRS ?= $(firstword $(wildcard ../shared/upstream/open-prs /work/shared/upstream/open-prs))
 SERIES_MASTER ?= patches/lightning-master
 UPSTREAM := build/upstream
 VENV_UPSTREAM := .venv-upstream
 VENV_UPSTREAM_PATCHED := .venv-upstream-patched
+# master + the series' base alone (#21666): the floor of make bench-master; not needed by make test-upstream
+VENV_UPSTREAM_BASE := .venv-upstream-base
 # Master's tests of the code the series touches; each tree's run takes ~2 min here (the target ~4), so whole folders
 # where they are cheap and files where they are not: connectors/ (up to ~2 min alone, most of it test_data_connector's
 # persistent-workers warning test, kept: DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's
@@ -101,12 +110,12 @@ $(VENV_TORCH)/.installed: requirements/constraints.txt
 	touch $@
 
 # Lightning 2.6.6 with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
-$(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIES)/*.patch) \
+$(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIES)/base $(SERIES)/*.patch) \
 		requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV_PATCHED)
 	$(PYTHON) -m venv $(VENV_PATCHED)
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
-	bash patches/build.sh $(VENV_PATCHED)/bin/python
+	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh $(VENV_PATCHED)/bin/python
 	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt $(PATCHED_WHEEL)
 	# Lightning's tests mark the flaky ones @pytest.mark.flaky (fabric's test_distributed.py)
@@ -128,7 +137,8 @@ endef
 upstream-trees:
 	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot (lightning-master-7f0c3436cd.tar.gz)" \
 		"not found in ../shared/upstream/: set LIGHTNING_MASTER=<path of the archive>" >&2; exit 1; }
-	$(PYTHON) tests/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) --into $(UPSTREAM)
+	$(PYTHON) tests/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
+		$(if $(OPEN_PRS),--open-prs $(OPEN_PRS)) --into $(UPSTREAM)
 
 $(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt $(LIGHTNING_MASTER) \
 		| upstream-trees
@@ -137,6 +147,10 @@ $(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/
 $(VENV_UPSTREAM_PATCHED)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
 		$(LIGHTNING_MASTER) | upstream-trees
 	$(call upstream_venv,$(VENV_UPSTREAM_PATCHED),$(UPSTREAM)/master-patched)
+
+$(VENV_UPSTREAM_BASE)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
+		$(LIGHTNING_MASTER) | upstream-trees
+	$(call upstream_venv,$(VENV_UPSTREAM_BASE),$(UPSTREAM)/master-base)
 
 venv: $(VENV)/.installed
 
@@ -188,7 +202,7 @@ test-upstream: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHE
 test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	$(NEED_LIGHTNING_TESTS)
 	$(PYTEST_PATCHED)
-	bash patches/build.sh --tests $(LIGHTNING_TESTS)
+	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh --tests $(LIGHTNING_TESTS)
 	$(PYTEST_LIGHTNING_TEST)
 
 # Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tests/slurm_cluster.py): installs
@@ -216,14 +230,17 @@ $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 bench: $(VENV)/.bench-installed $(VENV_PATCHED)/.installed
 	$(VENV)/bin/python benchmarks/bench.py
 
-# The pull requests' figure (PR 1's DESCRIPTION.md): its attached benchmark.py, 10 runs on Lightning's master as it is
-# (#20825's broadcast) and 10 with patches/lightning-master applied, in make test-upstream's trees and venvs.
-bench-master: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHED)/.installed
-	$(PYTHON) benchmarks/master.py
+# The pull requests' cost table (PR 1's DESCRIPTION.md, docs/upstream.md): its attached benchmark.py on Lightning's
+# master as it is (#20825's broadcast), on master + #21666 (no check: the floor) and with the series, at 1, 10 and
+# 100 ms steps on 2 and 4 ranks, in make test-upstream's trees. REPS=... runs per cell (default 3).
+bench-master: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_BASE)/.installed \
+		$(VENV_UPSTREAM_PATCHED)/.installed
+	$(PYTHON) benchmarks/master.py $(if $(REPS),--reps $(REPS))
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py
 
 clean:
-	rm -rf $(VENV) .venv-py3.* .venv-lightning-* $(VENV_TORCH) $(VENV_PATCHED) $(VENV_UPSTREAM) $(VENV_UPSTREAM_PATCHED) build dist \
+	rm -rf $(VENV) .venv-py3.* .venv-lightning-* $(VENV_TORCH) $(VENV_PATCHED) $(VENV_UPSTREAM) $(VENV_UPSTREAM_PATCHED) \
+		$(VENV_UPSTREAM_BASE) build dist \
 		src/*.egg-info .pytest_cache

@@ -13,20 +13,36 @@ SHA256=1c6329e241f8a85f29fedead89c1ee138b36caa08de60c260c6a7eaee81c8295
 LABEL=ddpsigterm
 SERIES=patches/lightning-$VERSION
 
-# apply_series TREE GIT-APPLY-FILTER: every patch of the series, in order. git apply, not patch: it takes the filter,
-# and a patch with a hunk that does not apply changes nothing; the ceiling keeps it from taking build/ for part of this
-# repository.
+# The open upstream pull requests the series is stacked on ($SERIES/base names their diffs, applied first, CHANGELOG
+# hunks left out): their folder, ../shared/upstream/open-prs unless OPEN_PRS says otherwise.
+OPEN_PRS=${OPEN_PRS:-../shared/upstream/open-prs}
+
+# apply TREE PATCH FILTER...: git apply, not patch: it takes the filters, and a patch with a hunk that does not apply
+# changes nothing; the ceiling keeps it from taking build/ for part of this repository.
+apply() {
+  local tree=$1 patch=$2 report
+  shift 2
+  if ! report=$(cd "$tree" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$@" "$patch" 2>&1); then
+    echo "$report" >&2
+    echo "error: $patch no longer applies to $tree (failing file and hunk above)" >&2
+    exit 1
+  fi
+  echo "applied $(basename "$patch") ($*)"
+}
+
+# apply_series TREE GIT-APPLY-FILTER: the base's diffs, then every patch of the series, in order.
 apply_series() {
-  local tree=$1 filter=$2 name report
+  local tree=$1 filter=$2 name
+  if [ -f "$SERIES/base" ]; then
+    grep -v '^#' "$SERIES/base" | while read -r name; do
+      [ -n "$name" ] || continue
+      [ -f "$OPEN_PRS/$name" ] || { echo "error: $SERIES/base names $name, not in $OPEN_PRS (set OPEN_PRS)" >&2; exit 1; }
+      apply "$tree" "$(cd "$OPEN_PRS" && pwd)/$name" --exclude='*CHANGELOG.md' "$filter"
+    done
+  fi
   grep -v '^#' "$SERIES/series" | while read -r name; do
     [ -n "$name" ] || continue
-    if ! report=$(cd "$tree" && GIT_CEILING_DIRECTORIES="$(dirname "$PWD")" git apply "$filter" \
-        "$OLDPWD/$SERIES/$name" 2>&1); then
-      echo "$report" >&2
-      echo "error: $SERIES/$name no longer applies to $tree (failing file and hunk above)" >&2
-      exit 1
-    fi
-    echo "applied $name ($filter)"
+    apply "$tree" "$PWD/$SERIES/$name" "$filter"
   done
 }
 

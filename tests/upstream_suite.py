@@ -12,17 +12,21 @@ package was active). Exits 1 on any other difference, a missing accepted one, or
 
 (``package`` may be left out: the first form of this script had no sub-command.)
 
-``make test-upstream`` (``prepare``, then ``trees``): Lightning's ``master`` snapshot, unpacked twice by ``prepare``
-as two git repositories (one commit, tagged ``snapshot``), the second with the pull requests of
-patches/lightning-master/ applied by ``git am``; each tree is installed editable in a venv of its own, and neither
-venv has ddp_sigterm (``trees`` checks it). ``trees`` runs the selected tests from each tree's ``tests/`` folder with
-that tree's venv, plus every test file the series adds or changes, and fails on: a run that did not finish, a test
-that passed (or was skipped) unpatched and fails or errors patched, a new test that fails, a test that disappears
-(unless the series deleted its file: "removed by the series"); differences the series does not fix yet can be
-listed in PENDING, with the reason. Tests failing in both trees are notes (this machine's environment).
+``make test-upstream`` (``prepare``, then ``trees``): Lightning's ``master`` snapshot, unpacked by ``prepare`` as
+three git repositories (the snapshot's commit tagged ``snapshot``): ``master`` as it is, ``master-base`` with the open
+upstream pull requests the series is stacked on (its ``base`` file: #21666; one commit each, tagged ``base``), and
+``master-patched`` with those and the pull requests of patches/lightning-master/ applied by ``git am``. The first and
+the last are installed editable in a venv each, neither with ddp_sigterm (``trees`` checks it); ``master-base`` is the
+floor of make bench-master. ``trees`` runs the selected tests from each tree's ``tests/`` folder with that tree's venv,
+plus every test file the series adds or changes, then the standalone tests of those files one pytest process each
+(``PL_RUN_STANDALONE_TESTS=1``, as Lightning's CI runs them), and fails on: a run that did not finish, a test that
+passed (or was skipped) unpatched and fails or errors patched, a new test that fails, a test that disappears (unless
+the series or its base deleted its file); differences the series does not fix yet can be listed in PENDING, with the
+reason. Tests failing in both trees are notes (this machine's environment). ``standalone`` runs the standalone tests
+of some files with one Python (make test-patched).
 
     python tests/upstream_suite.py prepare --archive ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \\
-        --series patches/lightning-master --into build/upstream
+        --series patches/lightning-master --open-prs ../shared/upstream/open-prs --into build/upstream
     python tests/upstream_suite.py trees --series patches/lightning-master --out build/upstream/results \\
         --unpatched build/upstream/master .venv-upstream/bin/python \\
         --patched build/upstream/master-patched .venv-upstream-patched/bin/python tests_pytorch/loops ...
@@ -56,9 +60,14 @@ ACCEPTED = {
 PENDING: dict[str, str] = {}
 PER_TEST_TIMEOUT = 120  # seconds, pytest-timeout; the whole run has its own bound below
 RUN_TIMEOUT = 1200
-# the two trees of make test-upstream, under --into; a neutral identity and date for their commits
-UNPATCHED, PATCHED = "master", "master-patched"
-SNAPSHOT_TAG = "snapshot"
+# Lightning's standalone tests (``RunIf(standalone=True)``: a DDP test relaunches the pytest command for its other
+# ranks, so the command must select that one test) run one per pytest process, with Lightning's 90 s per-test bound;
+# a hang in a collective is not interrupted by pytest-timeout's signal, so the process group has a hard bound too
+STANDALONE_TEST_TIMEOUT, STANDALONE_RUN_TIMEOUT = 90, 150
+# the trees of make test-upstream, under --into: the snapshot, the snapshot with the open upstream pull requests the
+# series is stacked on (its `base` file; the floor of make bench-master), and with the series on top of those
+UNPATCHED, BASE, PATCHED = "master", "master-base", "master-patched"
+SNAPSHOT_TAG, BASE_TAG = "snapshot", "base"
 GIT_IDENTITY = ["-c", "user.name=Lightning snapshot", "-c", "user.email=snapshot@invalid",
                 "-c", "safe.directory=*", "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=master"]
 SNAPSHOT_DATE = "2026-07-20T00:00:00+00:00"
@@ -229,6 +238,19 @@ def read_series(series: Path) -> list[tuple[str, list[Path]]]:
     return pulls
 
 
+def read_base(series: Path, open_prs: Path | None) -> list[Path]:
+    """The diffs of the open upstream pull requests the series is stacked on, in order: the names in ``series/base``,
+    files of ``open_prs`` (../shared/upstream/open-prs). [] without a base file; exits on a missing diff."""
+    names = series_lines(series / "base") if (series / "base").is_file() else []
+    if names and open_prs is None:
+        sys.exit(f"error: {series}/base names {', '.join(names)}: give their folder with --open-prs")
+    diffs = [(open_prs / name).resolve() for name in names] if open_prs is not None else []
+    missing = [str(diff) for diff in diffs if not diff.is_file()]
+    if missing:
+        sys.exit(f"error: {series}/base names missing diffs: {', '.join(missing)}")
+    return diffs
+
+
 def announce_series(series: Path, pulls: list[tuple[str, list[Path]]]) -> None:
     if not pulls:
         print(f"*** no series: {series}/series does not exist or names nothing ***\n"
@@ -246,14 +268,17 @@ def checked(done: subprocess.CompletedProcess[str], what: str) -> None:
 
 
 def prepare(args: argparse.Namespace) -> int:
-    """Unpack the snapshot into --into/master and --into/master-patched (recreated every time: a few seconds), each a
-    git repository of one commit tagged "snapshot"; apply the series to the second with git am."""
+    """Unpack the snapshot into --into/master, --into/master-base and --into/master-patched (recreated every time: a
+    few seconds), each a git repository whose first commit, tagged "snapshot", is the snapshot; apply the series' base
+    (open upstream pull requests, one commit each, tagged "base") to the last two, and the series to the last with
+    git am."""
     start = time.monotonic()
     pulls = read_series(args.series)
     announce_series(args.series, pulls)
+    base = read_base(args.series, args.open_prs)
     args.into.mkdir(parents=True, exist_ok=True)
     date = {"GIT_AUTHOR_DATE": SNAPSHOT_DATE, "GIT_COMMITTER_DATE": SNAPSHOT_DATE}
-    for name in (UNPATCHED, PATCHED):
+    for name in (UNPATCHED, BASE, PATCHED):
         tree = args.into / name
         shutil.rmtree(tree, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=args.into) as scratch, tarfile.open(args.archive) as tar:
@@ -267,18 +292,27 @@ def prepare(args: argparse.Namespace) -> int:
         (tree / "README.md").write_text("# Lightning (master snapshot, for make test-upstream)\n")
         with open(tree / ".git" / "info" / "exclude", "a") as exclude:
             exclude.write("".join(f"/{pattern}\n" for pattern in SETUP_FILES))
+        for diff in base if name != UNPATCHED else []:
+            # their CHANGELOG hunks are written against a newer CHANGELOG than the snapshot's
+            checked(git(tree, "apply", "--exclude=*CHANGELOG.md", str(diff)), f"applying {diff.name} to {tree}")
+            checked(git(tree, "add", "-A"), f"git add in {tree}")
+            message = f"{diff.stem}: open upstream pull request, as it stood (CHANGELOG hunks left out)"
+            checked(git(tree, "commit", "-q", "-m", message, env=date), f"git commit in {tree}")
+            print(f"applied {diff.name} to {tree} (the series' base)")
+        checked(git(tree, "tag", BASE_TAG), f"git tag in {tree}")
     tree = args.into / PATCHED
     for name, patches in pulls:
         done = git(tree, "am", "--quiet", "--committer-date-is-author-date", *map(str, patches))
         if done.returncode != 0:
             print(done.stdout + done.stderr, file=sys.stderr)
             git(tree, "am", "--abort")
-            sys.exit(f"error: the series' pull request {name} does not apply to the snapshot with git am "
+            sys.exit(f"error: the series' pull request {name} does not apply to the snapshot and its base with git am "
                      f"(the failing patch and file are named above)")
         print(f"applied {name}: {len(patches)} patch(es)")
-    head = git(tree, "log", "--oneline", f"{SNAPSHOT_TAG}..HEAD").stdout.strip()
-    print(f"build trees: {args.into / UNPATCHED} (snapshot), {tree} (snapshot + {len(head.splitlines())} commit(s)) "
-          f"in {time.monotonic() - start:.1f} s")
+    head = git(tree, "log", "--oneline", f"{BASE_TAG}..HEAD").stdout.strip()
+    print(f"build trees: {args.into / UNPATCHED} (snapshot), {args.into / BASE} (snapshot + {len(base)} base pull "
+          f"request(s)), {tree} (and {len(head.splitlines())} commit(s) of the series) in "
+          f"{time.monotonic() - start:.1f} s")
     return 0
 
 
@@ -309,6 +343,13 @@ def preflight(python: str, tree: Path) -> str:
     return done.stdout.strip()
 
 
+def files_deleted(tree: Path, since: str, until: str) -> set[str]:
+    """The test files (relative to tests/) deleted between two commits of ``tree``."""
+    done = git(tree, "diff", "--name-only", "--diff-filter=D", since, until, "--", "tests")
+    checked(done, f"git diff in {tree}")
+    return {str(Path(name).relative_to("tests")) for name in done.stdout.split()}
+
+
 def series_test_files(tree: Path) -> list[str]:
     """The test files (relative to tests/) the series adds or changes in ``tree``."""
     done = git(tree, "diff", "--name-only", "--diff-filter=AM", SNAPSHOT_TAG, "HEAD", "--", "tests")
@@ -324,6 +365,50 @@ def present(selection: list[str], tests: Path, name: str) -> list[str]:
         if item not in kept:
             print(f"{name}: {item} is not in this tree: left out")
     return kept
+
+
+def standalone_tests(tests: Path, files: list[str], python: str) -> list[str]:
+    """The ids of the standalone tests (``RunIf(standalone=True)``) in ``files``, as pytest collects them."""
+    if not files:  # pytest would collect the whole folder
+        return []
+    done = subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *files], cwd=tests,
+                          env={**os.environ, "PL_RUN_STANDALONE_TESTS": "1"}, capture_output=True, text=True,
+                          timeout=300, check=False)
+    ids = [line.removeprefix(f"{tests.name}/") for line in done.stdout.splitlines() if "::" in line]
+    if done.returncode not in (0, 5):  # 5: nothing collected
+        sys.exit(f"error: collecting the standalone tests of {' '.join(files)} failed:\n{done.stdout}{done.stderr}")
+    return ids
+
+
+def run_standalone(name: str, tests: Path, files: list[str], out: Path, python: str) -> dict[str, str]:
+    """Run each standalone test of ``files`` in a pytest process of its own with ``PL_RUN_STANDALONE_TESTS=1``, as
+    Lightning's CI does; test id -> outcome. Every rank prints to one log, and the ranks' junit reports would overwrite
+    each other: the outcome is rank 0's exit code (Lightning's launcher kills rank 0 when another rank fails) and its
+    summary line. A test still running after ``STANDALONE_RUN_TIMEOUT`` fails, its processes killed."""
+    outcomes = {}
+    for number, test_id in enumerate(standalone_tests(tests, files, python)):
+        log = (out / f"{name}-standalone-{number}.log").resolve()
+        command = [python, "-m", "pytest", "-p", "no:cacheprovider", "--color=no", "-q",
+                   f"--timeout={STANDALONE_TEST_TIMEOUT}", test_id]
+        with open(log, "w") as output:
+            output.write(f"{test_id}\n")
+            output.flush()
+            process = subprocess.Popen(command, cwd=tests, stdout=output, stderr=subprocess.STDOUT,
+                                       env={**os.environ, "OMP_NUM_THREADS": "1", "PL_RUN_STANDALONE_TESTS": "1"},
+                                       start_new_session=True)
+            try:
+                returncode = process.wait(timeout=STANDALONE_RUN_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                returncode = -1
+                output.write(f"\nupstream_suite: not finished within {STANDALONE_RUN_TIMEOUT} s\n")
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        summary = log.read_text(errors="replace").splitlines()[-1:]
+        outcomes[test_id] = "failed" if returncode != 0 else "skipped" if "skipped" in "".join(summary) else "passed"
+        print(f"{name}, standalone: {test_id} {outcomes[test_id]} (exit code {returncode}; log: {log})")
+    return outcomes
 
 
 def reruns(run_: Run) -> list[str]:
@@ -344,7 +429,8 @@ def compare_trees(args: argparse.Namespace) -> int:
     print(f"lightning {versions[0]} from {unpatched_tree}, {versions[1]} from {patched_tree}; no ddp_sigterm in "
           f"either venv")
     covered = [Path(item) for item in args.files if "::" not in item]  # folders and whole files selected
-    added = [name for name in series_test_files(patched_tree)
+    series_files = series_test_files(patched_tree)
+    added = [name for name in series_files
              if not any(Path(name) == item or item in Path(name).parents for item in covered)]
     if added:
         print(f"test files the series adds or changes, run too: {' '.join(added)}")
@@ -354,13 +440,21 @@ def compare_trees(args: argparse.Namespace) -> int:
     # -rR: pytest-rerunfailures names the tests it reran (the junit report does not)
     runs = [run(name, tree / "tests", present(selection, tree / "tests", name), {}, args.out, python=python,
                 options=("-rR",)) for name, tree, python in sides]
+    # the series' standalone tests, skipped in the runs above, one by one in each tree that has them
+    runs = [dataclasses.replace(run_, outcomes={**run_.outcomes, **run_standalone(
+        run_.name, tree / "tests", present(series_files, tree / "tests", run_.name), args.out, python)})
+        for run_, (_, tree, python) in zip(runs, sides)]
     unpatched, patched = runs
     print(unpatched.summary(every_count=True))
     print(patched.summary(every_count=True))
     failed = unfinished(unpatched, patched)
+    base_removed = files_deleted(patched_tree, SNAPSHOT_TAG, BASE_TAG)
     suspects: dict[str, str] = {}  # test id -> what the first runs showed: run again before calling it a regression
     for test_id, (before, after) in differences(unpatched, patched).items():
         pending = PENDING.get(test_id)
+        if after is None and test_id.split("::")[0] in base_removed:
+            print(f"removed by the series' base (an open upstream pull request): {test_id} (was {before})")
+            continue
         if after is None and not (patched_tree / "tests" / test_id.split("::")[0]).is_file():
             print(f"removed by the series: {test_id} (was {before})")
             continue
@@ -425,6 +519,17 @@ def parametrized(test_id: str, outcomes: dict[str, str]) -> dict[str, str]:
     return {case: outcome for case, outcome in outcomes.items() if case.startswith(test_id + "[")}
 
 
+def standalone(args: argparse.Namespace) -> int:
+    """make test-patched: the standalone tests of ``files`` with ``--python``, each in a process of its own; fails on
+    any that does not pass, or when there is none."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    outcomes = run_standalone("standalone", args.tests.resolve(), args.files, args.out.resolve(),
+                              str(Path(args.python).absolute()))
+    counts = ", ".join(f"{list(outcomes.values()).count(o)} {o}" for o in ("passed", "failed", "skipped"))
+    print(f"standalone tests of {' '.join(args.files)}: {len(outcomes)}: {counts}")
+    return 1 if not outcomes or "failed" in outcomes.values() else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -436,7 +541,8 @@ def main() -> int:
     trees = commands.add_parser("prepare", help="make test-upstream: the unpatched and the patched tree")
     trees.add_argument("--archive", type=Path, required=True, help="Lightning's master snapshot (.tar.gz)")
     trees.add_argument("--series", type=Path, required=True, help="the series folder (patches/lightning-master)")
-    trees.add_argument("--into", type=Path, default=Path("build/upstream"), help="where the two trees go")
+    trees.add_argument("--open-prs", type=Path, help="the diffs the series' base file names (shared/upstream/open-prs)")
+    trees.add_argument("--into", type=Path, default=Path("build/upstream"), help="where the trees go")
     trees.set_defaults(main=prepare)
     compare = commands.add_parser("trees", help="make test-upstream: the two trees' tests, each in its venv")
     compare.add_argument("--unpatched", nargs=2, required=True, metavar=("TREE", "PYTHON"))
@@ -445,6 +551,12 @@ def main() -> int:
     compare.add_argument("--out", type=Path, default=Path("build/upstream/results"), help="logs and junit reports")
     compare.add_argument("files", nargs="+", help="test files, folders or node ids, relative to the trees' tests/")
     compare.set_defaults(main=compare_trees)
+    alone = commands.add_parser("standalone", help="make test-patched: standalone tests, one process each")
+    alone.add_argument("--python", required=True, help="the Python of the Lightning under test")
+    alone.add_argument("--tests", type=Path, required=True, help="Lightning's tests/ folder")
+    alone.add_argument("--out", type=Path, default=Path("build/standalone"), help="one log per test")
+    alone.add_argument("files", nargs="+", help="test files, relative to --tests")
+    alone.set_defaults(main=standalone)
     argv = sys.argv[1:]
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["package", *argv]  # the first form of this script: make test-lightning's comparison
