@@ -8,15 +8,15 @@ turns (rotated every round, the same schedule on every rank since it follows the
 * ``nocheck``: no SIGTERM check at all (Lightning's per-step broadcast switched off too);
 * ``stock``: the per-step broadcast from rank 0 of #20825, as released in 2.6.6 (and on Lightning's master);
 * ``package``: ddp_sigterm with its defaults;
-* ``patched``: the patched Lightning's agreement (in the patched environment).
+* ``patched``: the patched Lightning's check at the end of every batch (in the patched environment).
 
-The package's and the patch's cadence clocks are paused while the other modes run, so that they
-see one continuous run of their own steps, as in training.
+The package's cadence clock is paused while the other modes run, so that it sees one continuous
+run of its own steps, as in training.
 
 Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
 (it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
 to the next one's; a block's first and last steps are dropped (a mode switch falls there).
-Writes ``bench.rank<R>.json``: ``{"durations": {mode: [seconds, ...]}}``, and ``heartbeat``: what the fix's
+Writes ``bench.rank<R>.json``: ``{"durations": {mode: [seconds, ...]}}``, and ``heartbeat``: what the package's
 heartbeat cost this rank over the whole job (it runs through every block, so the modes' ratios cannot show
 it): the seconds its thread spent on the CPU and the seconds the main thread waited for a heartbeat result.
 
@@ -35,6 +35,7 @@ import time
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loops import training_epoch_loop
 from torch.utils.data import DataLoader, TensorDataset
 
 ENV = os.environ
@@ -81,11 +82,12 @@ class Modes(Callback):
         if self.package is not None:
             package_hook = self.package.on_train_batch_end
             self.package.on_train_batch_end = lambda *a: package_hook(*a) if self.mode == "package" else None
-        connector = trainer._signal_connector
-        self.patched = getattr(connector, "sigterm_agreed", None)
-        if self.patched is not None:  # the patched Lightning's loops ask it at every check point
+        self.patched = getattr(training_epoch_loop, "_any_rank_received_sigterm", None)
+        if self.patched is not None:  # the patched Lightning's training loop asks it at the end of every batch
             agree = self.patched
-            connector.sigterm_agreed = lambda force=False: agree(force) if force or self.mode == "patched" else False
+            training_epoch_loop._any_rank_received_sigterm = lambda trainer, leaving_loop=False: (
+                agree(trainer, leaving_loop) if self.mode == "patched" else trainer.received_sigterm
+            )
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step
@@ -97,16 +99,15 @@ class Modes(Callback):
         self.starts.append((self.mode, time.perf_counter()))
 
     def _pause_cadence(self, trainer, leaving: str, entering: str) -> None:
-        """Shift the measuring window of the fix's cadence by the time its mode was off (it measures
-        time per step boundary, and the other modes' steps pass no boundary of its own)."""
+        """Shift the measuring window of the package's cadence by the time its mode was off (it measures
+        time per step boundary, and the other modes' steps pass no boundary of its own). The patched
+        Lightning has no cadence: it agrees at the end of every batch."""
         now = time.monotonic()
-        if leaving in ("package", "patched"):
+        if leaving == "package":
             self.paused_at = now
-        if entering in ("package", "patched") and getattr(self, "paused_at", None) is not None:
-            if entering == "package" and self.package is not None and self.package._coordinator is not None:
-                self.package._coordinator._window_start += now - self.paused_at
-            if entering == "patched":
-                trainer._signal_connector._sigterm_agreement._window_start += now - self.paused_at
+        coordinator = None if self.package is None else self.package._coordinator
+        if entering == "package" and getattr(self, "paused_at", None) is not None and coordinator is not None:
+            coordinator._window_start += now - self.paused_at
 
     def durations(self) -> dict[str, list[float]]:
         found: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -121,14 +122,13 @@ class Modes(Callback):
 class HeartbeatCost(Callback):
     """Times the main thread's waits for heartbeat results and reads the heartbeat thread's CPU clock."""
 
-    THREADS = ("ddp_sigterm-heartbeat", "sigterm-heartbeat")  # the package's, the patch's
+    THREADS = ("ddp_sigterm-heartbeat",)  # the package's (the patch has none)
 
     def __init__(self) -> None:
         self.waited = 0.0
         self.started = time.perf_counter()
         self.cost: dict | None = None
-        for module, name in (("ddp_sigterm._core.heartbeat", "Heartbeat"),
-                             ("lightning.pytorch.trainer.connectors.signal_connector", "_SigtermHeartbeat")):
+        for module, name in (("ddp_sigterm._core.heartbeat", "Heartbeat"),):
             try:
                 kind = getattr(__import__(module, fromlist=[name]), name)
             except (ImportError, AttributeError):

@@ -82,7 +82,7 @@ LOCK_ROOT = ENV.get("SCENARIO_LOCK_ROOT") == "1"
 THEN = ENV.get("SCENARIO_THEN", "")
 assert THEN in ("", "test_one_device"), THEN
 # SCENARIO_SIGNAL_AHEAD="R:B:N": rank R sends itself SIGTERM at the start of the first training batch >= B at
-# which the fix's next counted agreement is at least N batches ahead (package or patched build; see ahead()).
+# which the package's next counted agreement is at least N batches ahead (see ahead()).
 AHEAD = [int(v) for v in ENV["SCENARIO_SIGNAL_AHEAD"].split(":")] if ENV.get("SCENARIO_SIGNAL_AHEAD") else None
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -234,15 +234,12 @@ def test_on_one_device(model: pl.LightningModule) -> None:
 
 
 def ahead(trainer) -> int | None:
-    """Training batches until the fix's next agreement by its count of batches (its cadence): the
-    package's coordinator, or the patched Lightning's agreement; None without either."""
+    """Training batches until the package's next agreement by its count of batches (its cadence); None
+    without the package (the patched Lightning agrees at the end of every batch)."""
     for callback in trainer.callbacks:
         coordinator = getattr(callback, "_coordinator", None)
         if type(callback).__name__ == "UnisonStop" and coordinator is not None:
             return coordinator._next_check - coordinator.boundary  # it counts at the end of a batch
-    agreement = getattr(trainer._signal_connector, "_sigterm_agreement", None)
-    if agreement is not None and hasattr(agreement, "_next_agreement"):
-        return agreement._next_agreement - agreement._calls + 1  # it counts at the start of a batch
     return None
 
 
