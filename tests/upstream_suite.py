@@ -47,6 +47,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import IO
 
 # test id -> why it differs with the package installed (and must: the difference is the package's purpose)
 ACCEPTED = {
@@ -128,20 +129,26 @@ def run(name: str, tests: Path, files: list[str], env: dict[str, str], out: Path
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DDP_SIGTERM")}
     start = time.monotonic()
     with open(log, "w") as output:
-        process = subprocess.Popen(command, cwd=tests, env={**environ, "OMP_NUM_THREADS": "1", **env}, stdout=output,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            returncode = process.wait(timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            returncode = -1
-            output.write(f"\nupstream_suite: pytest did not finish within {RUN_TIMEOUT} s\n")
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        returncode = supervised(command, tests, {**environ, "OMP_NUM_THREADS": "1", **env}, output, RUN_TIMEOUT)
     seconds = time.monotonic() - start
     finished = report.exists()
     return Run(name, read_junit(report, tests) if finished else {}, log, returncode, finished, seconds)
+
+
+def supervised(command: list[str], cwd: Path, env: dict[str, str], output: IO[str], timeout: float) -> int:
+    """Run ``command`` in a session of its own, its output to ``output``; kill the whole session when it is done or
+    after ``timeout`` seconds (no stray DDP or DataLoader process). Its exit code, -1 when out of time."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        output.write(f"\nupstream_suite: not finished within {timeout} s\n")
+        return -1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def read_junit(report: Path, tests: Path) -> dict[str, str]:
@@ -393,18 +400,8 @@ def run_standalone(name: str, tests: Path, files: list[str], out: Path, python: 
         with open(log, "w") as output:
             output.write(f"{test_id}\n")
             output.flush()
-            process = subprocess.Popen(command, cwd=tests, stdout=output, stderr=subprocess.STDOUT,
-                                       env={**os.environ, "OMP_NUM_THREADS": "1", "PL_RUN_STANDALONE_TESTS": "1"},
-                                       start_new_session=True)
-            try:
-                returncode = process.wait(timeout=STANDALONE_RUN_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                returncode = -1
-                output.write(f"\nupstream_suite: not finished within {STANDALONE_RUN_TIMEOUT} s\n")
-            finally:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            environ = {**os.environ, "OMP_NUM_THREADS": "1", "PL_RUN_STANDALONE_TESTS": "1"}
+            returncode = supervised(command, tests, environ, output, STANDALONE_RUN_TIMEOUT)
         summary = log.read_text(errors="replace").splitlines()[-1:]
         outcomes[test_id] = "failed" if returncode != 0 else "skipped" if "skipped" in "".join(summary) else "passed"
         print(f"{name}, standalone: {test_id} {outcomes[test_id]} (exit code {returncode}; log: {log})")
