@@ -43,10 +43,11 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py
 
-# Lightning's master snapshot (source and tests), unpacked twice into $(UPSTREAM): master/ as it is, master-patched/
-# with the pull requests of $(SERIES_MASTER) applied by git am (its `series` names one folder per pull request, each
-# with its own `series` of .patch files). Both trees are recreated on every run (~2 s): do not work inside them.
-# Each is installed editable in a venv of its own, without ddp_sigterm: see tests/upstream_suite.py.
+# Lightning's master snapshot (source and tests), unpacked three times into $(UPSTREAM): master/ as it is, master-base/
+# with the open pull requests the series is stacked on (its `base`: #21666), master-patched/ with those and the pull
+# requests of $(SERIES_MASTER) applied by git am (its `series` names one folder per pull request, each with its own
+# `series` of .patch files). The trees are recreated on every run (~2 s): do not work inside them. Each is installed
+# editable in a venv of its own, without ddp_sigterm: see tests/upstream_suite.py.
 # SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
 LIGHTNING_MASTER ?= $(firstword $(wildcard ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \
 	/work/shared/upstream/lightning-master-7f0c3436cd.tar.gz))
