@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from upstream_suite import series_lines
 
 PATCHES = Path(__file__).resolve().parent.parent / "patches"
 MASTER = PATCHES / "lightning-master"
 RELEASE = PATCHES / "lightning-2.6.6"
-PULLS = [line.strip() for line in (MASTER / "series").read_text().splitlines()
-         if line.strip() and not line.startswith("#")]
+PULLS = series_lines(MASTER / "series")
 PR1_SOURCE_LINES = 80  # issue 24's budget: changed lines in src/, CHANGELOG not counted
 
 
@@ -36,8 +36,7 @@ def source_lines(patch: Path) -> list[str]:
 
 
 def patches_of(folder: Path) -> list[Path]:
-    return [folder / name.strip() for name in (folder / "series").read_text().splitlines()
-            if name.strip() and not name.startswith("#")]
+    return [folder / name for name in series_lines(folder / "series")]
 
 
 def test_pr1_is_small_and_has_no_thread_or_extra_process_group() -> None:
@@ -70,8 +69,4 @@ def test_release_series_carries_the_same_code_as_the_pull_requests() -> None:
 
 
 def test_both_series_name_the_same_base() -> None:
-    def names(folder: Path) -> list[str]:
-        return [line.strip() for line in (folder / "base").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-
-    assert names(MASTER) == names(RELEASE) == ["pr21666.diff"]
+    assert series_lines(MASTER / "base") == series_lines(RELEASE / "base") == ["pr21666.diff"]
