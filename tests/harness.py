@@ -47,8 +47,9 @@ class OutsideSignal:
     """Send ``signum`` from outside ``delay`` seconds after rank ``rank`` has started training batch
     ``batch`` (``phase="then"``: batch ``batch`` of the one-device run that follows a fit, see
     SCENARIO_THEN). ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as
-    SLURM does) or ``"rank:R"`` (the process of rank R only; independent and slurm modes, and rank 0,
-    the launcher's own process, in lightning mode)."""
+    SLURM does), ``"pods"`` (each started process, not its children: what Kubernetes signals, the PID 1
+    of each pod) or ``"rank:R"`` (the process of rank R only; independent and slurm modes, and rank 0,
+    the launcher's own process, in lightning mode). A process that has exited is not signalled."""
 
     rank: int
     batch: int
@@ -287,8 +288,12 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
     if outside.targets == "all":
         for proc in procs.values():
             # like SLURM: every process of the job step, DataLoader workers included
-            for pid in _tree(proc.pid):
+            for pid in _tree(proc.pid) if proc.poll() is None else ():
                 signal_pid(pid, outside.signum)
+    elif outside.targets == "pods":
+        for proc in procs.values():
+            if proc.poll() is None:
+                signal_pid(proc.pid, outside.signum)
     elif outside.targets == "rank:0" and mode == "lightning":  # the launcher's own process is rank 0
         signal_pid(procs["launcher"].pid, outside.signum)
     elif outside.targets.startswith("rank:"):

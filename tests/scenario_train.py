@@ -77,6 +77,8 @@ ROOT = ENV.get("SCENARIO_ROOT_DIR", OUT)
 # Seconds between two signals this process sends itself in one hook (a save's "second" and "third").
 SIGNAL_GAP = float(ENV.get("SCENARIO_SIGNAL_GAP", "0"))
 LOCK_ROOT = ENV.get("SCENARIO_LOCK_ROOT") == "1"
+# The checkpoint's contents cannot be gathered on this rank (a callback's on_save_checkpoint raises).
+FAIL_SAVE_ON_RANK = int(ENV.get("SCENARIO_FAIL_SAVE_ON_RANK", "-1"))
 # SCENARIO_THEN=test_one_device: after a fit that returned, global rank 0 tests the model with a second,
 # one-device Trainer in the same process, as Lightning's documentation advises after a multi-device fit.
 THEN = ENV.get("SCENARIO_THEN", "")
@@ -84,6 +86,11 @@ assert THEN in ("", "test_one_device"), THEN
 # SCENARIO_SIGNAL_AHEAD="R:B:N": rank R sends itself SIGTERM at the start of the first training batch >= B at
 # which the package's next counted agreement is at least N batches ahead (see ahead()).
 AHEAD = [int(v) for v in ENV["SCENARIO_SIGNAL_AHEAD"].split(":")] if ENV.get("SCENARIO_SIGNAL_AHEAD") else None
+# SCENARIO_DATA_BY_STEP=1: training batches are drawn from (global step, rank), not read from the DataLoader. Lightning
+# resumes a stop inside an epoch at the epoch's first batch (a plain DataLoader has no position to restore); with
+# this, a resumed run sees the batches an uninterrupted one sees, and its final weights must be the same.
+DATA_BY_STEP = ENV.get("SCENARIO_DATA_BY_STEP") == "1"
+PAYLOAD_MB = int(ENV.get("SCENARIO_PAYLOAD_MB", "0"))  # the checkpoint grows by this many MiB (float32 ones)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -104,11 +111,16 @@ class Model(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        if PAYLOAD_MB:  # state that makes the checkpoint that much bigger (a larger model's weights, say)
+            self.register_buffer("payload", torch.ones(PAYLOAD_MB * 2**18))
 
     def training_step(self, batch, batch_idx):
         injector.at("forward")
         time.sleep(SLOW_SLEEP if SLOW_FROM and injector.batch >= SLOW_FROM else STEP_SLEEP)
         x, y = batch
+        if DATA_BY_STEP:
+            generator = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
+            x, y = torch.randn(x.shape, generator=generator), torch.randn(y.shape, generator=generator)
         return torch.nn.functional.mse_loss(self.net(x), y)
 
     def on_after_backward(self) -> None:
@@ -125,6 +137,8 @@ class Model(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint) -> None:
         injector.at("save")
+        if self.global_rank == FAIL_SAVE_ON_RANK:  # after rank 0 may have written its part: what is left of it?
+            raise RuntimeError(f"rank {self.global_rank} cannot save: disk quota exceeded (SCENARIO_FAIL_SAVE_ON_RANK)")
 
     def predict_step(self, batch, batch_idx):
         injector.at("validation", batch_idx + 1)
@@ -286,7 +300,7 @@ def main() -> None:
         accelerator="cpu",
         devices=int(ENV.get("SCENARIO_DEVICES", "1")),
         num_nodes=int(ENV.get("SCENARIO_NUM_NODES", "1")),
-        strategy="ddp" if int(ENV.get("SCENARIO_WORLD_SIZE", "1")) > 1 else "auto",
+        strategy=ENV.get("SCENARIO_STRATEGY") or ("ddp" if int(ENV.get("SCENARIO_WORLD_SIZE", "1")) > 1 else "auto"),
         max_steps=-1 if MAX_EPOCHS else MAX_STEPS,
         max_epochs=MAX_EPOCHS or None,
         limit_val_batches=None if UNEVEN else VAL_BATCHES,
@@ -321,7 +335,8 @@ def main() -> None:
         else:
             raise ValueError(f"unknown SCENARIO_STAGE {STAGE!r}")
     except SystemExit as exit_:
-        outcome.update(exception=type(exit_).__name__, exit_code=exit_.code or 0)
+        said = f": {exit_}" if exit_.args and isinstance(exit_.args[0], str) else ""  # StopError's message
+        outcome.update(exception=type(exit_).__name__ + said, exit_code=exit_.code or 0)
         stop = getattr(exit_, "stop", None)
         outcome["stop"] = None if stop is None else {k: getattr(stop, k) for k in stop.__dataclass_fields__}
         raise

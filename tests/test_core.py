@@ -38,6 +38,10 @@ def test_settings_defaults_and_environment_precedence() -> None:
     assert Settings.resolve(environ={"DDP_SIGTERM_STOP_DEADLINE": "inf"}).stop_deadline == math.inf
     assert Settings().log_level == "INFO"
     assert Settings.resolve(environ={"DDP_SIGTERM_LOG_LEVEL": " warning"}).log_level == "WARNING"
+    stored = Settings.resolve(environ={"DDP_SIGTERM_CHECKPOINT_DIR": "s3://bucket/run",
+                                       "DDP_SIGTERM_KEEP_CHECKPOINTS": "2", "DDP_SIGTERM_RESUME": "yes"})
+    assert (stored.checkpoint_dir, stored.keep_checkpoints, stored.resume) == ("s3://bucket/run", 2, True)
+    assert (Settings().checkpoint_dir, Settings().keep_checkpoints, Settings().resume) == ("", 0, False)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +57,9 @@ def test_settings_defaults_and_environment_precedence() -> None:
         ({"DDP_SIGTERM_STOP_DEADLINE": "0"}, "stop_deadline must be a positive number of seconds or inf"),
         ({"DDP_SIGTERM_STOP_DEADLINE": "nan"}, "stop_deadline must be a positive number of seconds or inf"),
         ({"DDP_SIGTERM_DESTROY_AT_EXIT": "sometimes"}, "DDP_SIGTERM_DESTROY_AT_EXIT='sometimes': expected one of"),
+        ({"DDP_SIGTERM_KEEP_CHECKPOINTS": "two"}, "DDP_SIGTERM_KEEP_CHECKPOINTS='two': expected a whole number"),
+        ({"DDP_SIGTERM_KEEP_CHECKPOINTS": "-1"}, "keep_checkpoints must be a whole number, 0 to keep all, got -1"),
+        ({"DDP_SIGTERM_RESUME": "later"}, "DDP_SIGTERM_RESUME='later': expected one of"),
         ({"DDP_SIGTERM_LOG_LEVEL": "LOUD"}, "log_level must be a logging level such as INFO or WARNING, got 'LOUD'"),
     ],
 )

@@ -20,6 +20,7 @@ from helpers import (
 )
 
 from ddp_sigterm._core.deadline import GAVE_UP_EXIT_CODE
+from ddp_sigterm._core.exit_codes import STOP_FAILED
 
 pytestmark = pytest.mark.scenario
 
@@ -137,7 +138,7 @@ def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, 
     assert scontrol_calls(env) == [*asked, "requeue 4240_2" if array else "requeue 4242"], why
     if case == "scontrol-fails":  # the checkpoint is saved, but the job would not come back: say so, everywhere
         assert not result.timed_out, why
-        assert set(result.returncodes.values()) == {1}, why
+        assert set(result.returncodes.values()) == {STOP_FAILED}, why
         assert len({o["global_step"] for o in result.outcomes.values()}) == 1, why
         assert "scontrol requeue 4242 failed with exit code 1: slurm_requeue error" in result.log("rank0"), why
         assert "but requeueing the SLURM job failed on rank 0" in result.log("rank1"), why
@@ -197,7 +198,7 @@ def test_checkpoint_directory_not_writable_at_stop(tmp_path: Path) -> None:
         _unlock(root)
     why = result.describe()
     assert not result.timed_out, why
-    assert set(result.returncodes.values()) == {1}, why
+    assert set(result.returncodes.values()) == {STOP_FAILED}, why
     outcomes = result.outcomes
     assert sorted(outcomes) == [0, 1], why
     assert len({o["global_step"] for o in outcomes.values()}) == 1, why

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from harness import HERE, OutsideSignal, run_job
 from helpers import (
     HANG_BOUND,
@@ -83,6 +84,21 @@ def test_launchers(tmp_path: Path, mode: str, rank: int) -> None:
     assert_stopped_after(assert_unison_stop(result), 2)
     assert_latency(result)
 
+
+
+def test_ddp_spawn_launching_process_exits_like_its_ranks(tmp_path: Path) -> None:
+    """strategy="ddp_spawn", SIGTERM to rank 1 (a spawned process): the ranks stop at the same step and save
+    it, and the launching process (not a rank) exits 143 with no traceback (it was 1, with torch's
+    ProcessExitedException)."""
+    result = fit(tmp_path, mode="lightning", inject="1:2:batch_start", SCENARIO_STRATEGY="ddp_spawn")
+    why = result.describe()
+    assert not result.timed_out, why
+    assert result.returncodes == {"launcher": SIGTERM_EXIT}, why
+    assert "Traceback" not in result.log("launcher"), why
+    (checkpoint,) = result.checkpoints()
+    step = torch.load(checkpoint, weights_only=False)["global_step"]
+    assert_stopped_after(step, 2)
+    assert f"every rank stops at step {step}" in result.log("launcher"), why
 
 @pytest.mark.parametrize("name", ["SIGINT", pytest.param("SIGUSR1", marks=pytest.mark.extended),
                                   pytest.param("SIGUSR2", marks=pytest.mark.extended)])

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch.distributed as dist
 
-from ddp_sigterm._core import log
+from ddp_sigterm._core import exit_codes, log
 from ddp_sigterm._core.agreement import Agreement, cpu_group, destroy_default_group_at_exit
 from ddp_sigterm._core.cadence import Cadence
 from ddp_sigterm._core.deadline import Deadline
@@ -61,7 +61,7 @@ class StopDecision:
 
     @property
     def exit_code(self) -> int:
-        return 128 + self.signum
+        return exit_codes.stopped(self.signum)
 
 
 class StopCoordinator:

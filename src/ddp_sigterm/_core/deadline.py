@@ -8,7 +8,7 @@ handler writes the signal number there the moment the signal arrives, whatever t
 doing. From the first stop signal (or, on a rank that was not signalled, from the agreed stop) the
 process has ``stop_deadline`` seconds to exit. Past it, or at the third stop request (signals
 less than a second apart count as one), the thread
-writes what the main thread was waiting for to stderr and ends the process with ``os._exit(124)``:
+writes what the main thread was waiting for to stderr and ends the process with ``os._exit(201)``:
 no clean-up that could block again; the kernel closes the process's connections, which its peers
 see as an error instead of a silence.
 """
@@ -25,8 +25,10 @@ import threading
 import time
 from collections.abc import Callable
 
-GAVE_UP_EXIT_CODE = 124
-"""Exit code of a stop abandoned at the deadline or on the third signal (``timeout``'s code)."""
+from ddp_sigterm._core import exit_codes
+
+GAVE_UP_EXIT_CODE = exit_codes.GAVE_UP
+"""Exit code of a stop abandoned at the deadline or on the third signal: retryable (see exit_codes)."""
 
 ESCALATION_REQUESTS = 3
 """The stop request that ends the process at once: a second one is ignored, the third means "now"."""

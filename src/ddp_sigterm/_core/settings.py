@@ -75,11 +75,27 @@ class Settings:
     save_checkpoint: bool = True
     """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit`` (Lightning integration)."""
 
+    checkpoint_dir: str = ""
+    """Where the Trainer's stop checkpoints go: a local directory or an fsspec URL (``s3://bucket/run``).
+    Empty (the default): the Trainer's ``default_root_dir``, where Lightning looks for ``ckpt_path="hpc"``."""
+
+    keep_checkpoints: int = 0
+    """How many stop checkpoints (``hpc_ckpt_<N>.ckpt``) to keep in that directory: after a stop
+    checkpoint is saved, all but the newest ``keep_checkpoints`` are deleted. 0 (the default) keeps all."""
+
+    resume: bool = False
+    """Resume ``fit`` from the newest stop checkpoint when it is started without ``ckpt_path``, on every
+    platform (Lightning does it by itself only under SLURM, and only from ``default_root_dir``; with a
+    ``checkpoint_dir``, the package does it there under SLURM too). Every rank resumes from global rank
+    0's choice. Off by default: a script run again in the same directory would otherwise no longer
+    start from scratch. Set ``DDP_SIGTERM_RESUME=1`` where a relaunch must resume (a Kubernetes Job,
+    torchrun's restarts)."""
+
     stop_deadline: float = 25.0
     """Seconds from the first stop signal (on a rank that was not signalled: from the agreed stop)
     within which the process of a multi-process run must have exited (a process alone has no peer to
     wait for, and keeps no deadline). Past it the stop is abandoned: the process prints what
-    it was waiting for and exits with code 124 at once, even from inside a collective that waits for a
+    it was waiting for and exits with code 201 at once, even from inside a collective that waits for a
     stopped or dead peer. The default stays under the common 30 s grace period (Kubernetes, SLURM's
     KillWait) that ends in SIGKILL; raise both for saves that take longer. ``inf`` turns it off."""
 
@@ -114,7 +130,12 @@ class Settings:
                 raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
         if not isinstance(self.check_budget, (int, float)) or not 0 < self.check_budget < 1:
             raise SettingsError(f"check_budget must be a fraction between 0 and 1, got {self.check_budget!r}")
-        for name in ("save_checkpoint", "destroy_at_exit"):
+        if not isinstance(self.checkpoint_dir, str):
+            raise SettingsError(f"checkpoint_dir must be a directory or URL, got {self.checkpoint_dir!r}")
+        keep = self.keep_checkpoints
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+            raise SettingsError(f"keep_checkpoints must be a whole number, 0 to keep all, got {keep!r}")
+        for name in ("save_checkpoint", "destroy_at_exit", "resume"):
             if not isinstance(getattr(self, name), bool):
                 raise SettingsError(f"{name} must be a bool, got {getattr(self, name)!r}")
         level = self.log_level.strip().upper() if isinstance(self.log_level, str) else self.log_level
@@ -156,6 +177,11 @@ def _parse(var: str, raw: str, kind: Any) -> Any:
         if text.lower() in _FALSE:
             return False
         raise SettingsError(f"{var}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+    if kind in (int, "int"):
+        try:
+            return int(text)
+        except ValueError:
+            raise SettingsError(f"{var}={raw!r}: expected a whole number") from None
     if kind in (float, "float"):
         try:
             return float(text)

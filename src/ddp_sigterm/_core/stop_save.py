@@ -4,27 +4,40 @@ A checkpoint written at a stop is written once, by ranks that are about to exit:
 must not leave the others waiting in a barrier, and a file cut short must never look like a checkpoint
 that resuming would pick. :func:`save_in_unison` gives any framework that: every rank takes part in
 writing a temporary file, every rank learns whether every rank succeeded, and only then does the
-writing rank give the file its final name. Used by the Trainer callback, by
-:func:`ddp_sigterm.fabric.save_at_stop`, and directly by plain torch.distributed loops.
+writing rank give the file its final name. Paths are local paths or fsspec URLs (``file://``,
+``s3://``, ... as Lightning accepts them); the name is given by the file system's move, a rename on a
+local disk. Used by the Trainer callback, by :func:`ddp_sigterm.fabric.save_at_stop`, and directly by
+plain torch.distributed loops.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ddp_sigterm._core import log
+from fsspec.core import url_to_fs
+
+from ddp_sigterm._core import exit_codes, log
 from ddp_sigterm._core.coordinator import StopCoordinator
 
 PARTIAL_NAME = ".ddp_sigterm-partial.ckpt"
 T = TypeVar("T")
 
 
-class StopError(RuntimeError):
+class StopError(SystemExit):
     """Saving the agreed stop checkpoint (or requeueing the job) failed on some rank; every rank
-    raises it, and the message names the rank, the step and the reason."""
+    raises it, and the message names the rank, the step and the reason. It ends the process with
+    :data:`~ddp_sigterm._core.exit_codes.STOP_FAILED` (200, retryable: the job was told to stop) unless
+    caught; the message is logged at ERROR on every rank when it is raised, as Python prints no
+    traceback for a ``SystemExit``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = exit_codes.STOP_FAILED
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str, *, writer: bool,
@@ -32,32 +45,44 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
     """At the agreed stop, on every rank: ``write(partial)``, where ``partial`` is a temporary file
     beside ``path`` (a collective save such as ``fabric.save``, or ``torch.save`` on the writing rank
     and nothing elsewhere). The writing rank (``writer``: one rank, usually global rank 0) checks the
-    file is there; once every rank reports success, it renames it to ``path``. A failure on any rank
-    raises :class:`StopError` on every rank, naming the rank and the reason. Every rank must call it at the
+    file is there; once every rank reports success, it moves it to ``path`` (a local path or an fsspec
+    URL). A failure on any rank raises :class:`StopError` on every rank, naming the rank and the reason,
+    and the writing rank removes the temporary file. Every rank must call it at the
     same point; it ends with every rank past the save (it is also the barrier). Returns the final path
     on the writing rank, None elsewhere. ``step`` (for messages) defaults to the agreed stop's. Every rank
     logs the path and how long the save took."""
     if step is None and stop.decision is not None:
         step = stop.decision.step
-    directory = os.path.dirname(path) or "."
-    partial = os.path.join(directory, PARTIAL_NAME)
+    path = str(path)
+    fs, target = url_to_fs(path)
+    directory = path.rsplit("/", 1)[0] if "/" in path else "."
+    partial = f"{directory}/{PARTIAL_NAME}"  # in the form given: the write function may be fsspec's or not
+    _, directory_target = url_to_fs(directory)
+    partial_target = f"{directory_target}/{PARTIAL_NAME}"
     what = f"saving the stop checkpoint of step {step} in {directory}"
     stop.activity = what
 
     def write_and_check() -> None:
         write(partial)
-        if writer and not os.path.exists(partial):
-            _raise_why_not_written(partial)
+        if writer:
+            fs.invalidate_cache(directory_target)  # an object store's listing may be cached
+            if not fs.exists(partial_target):
+                _raise_why_not_written(fs, directory_target, partial_target)
 
     def rename() -> str | None:
         if not writer:
             return None
-        os.replace(partial, path)
+        fs.mv(partial_target, target)
         return path
 
     started = time.monotonic()
-    in_unison(stop, write_and_check, what, step)
-    final = in_unison(stop, rename, f"naming the stop checkpoint of step {step} in {directory}", step)
+    try:
+        in_unison(stop, write_and_check, what, step)
+        final = in_unison(stop, rename, f"naming the stop checkpoint of step {step} in {directory}", step)
+    except StopError:
+        if writer:
+            _remove_partial(fs, partial_target)
+        raise
     log.logger.info("rank %d of %d: the stop checkpoint of step %s is saved: %s (%.3f s, every rank)", stop.rank,
                     stop.world_size, step, path, time.monotonic() - started)
     return final
@@ -72,20 +97,35 @@ def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: i
         result = action()
     except Exception as error:  # every rank must learn of it: reported, then raised as StopError
         stop.all_succeeded(False, what, step)
-        raise StopError(f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed: "
-                        f"{type(error).__name__}: {error}") from error
+        message = (f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed: "
+                   f"{type(error).__name__}: {error}")
+        log.logger.error("%s; exiting with %d", message, exit_codes.STOP_FAILED, exc_info=error)
+        raise StopError(message) from error
     failed = stop.all_succeeded(True, what, step)
     if failed is None:
         return result
-    raise StopError(f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed on rank "
-                    f"{failed} (its log has the reason)")
+    message = (f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed on rank "
+               f"{failed} (its log has the reason)")
+    log.logger.error("%s; exiting with %d", message, exit_codes.STOP_FAILED)
+    raise StopError(message)
 
 
-def _raise_why_not_written(partial: str) -> None:
+def _raise_why_not_written(fs: Any, directory: str, partial: str) -> None:
     """Lightning (2.6.6) returns from a save that a PermissionError stopped as if it had succeeded
     (``_atomic_save`` re-raises only EXDEV); find the reason by creating a file where it should be."""
-    probe = os.path.join(os.path.dirname(partial), ".ddp_sigterm-probe")
-    with open(probe, "wb"):  # raises the file system's reason, e.g. PermissionError
+    probe = f"{directory}/.ddp_sigterm-probe"
+    with fs.open(probe, "wb"):  # raises the file system's reason, e.g. PermissionError
         pass
-    os.remove(probe)
+    fs.rm(probe)
     raise OSError(f"{partial} is missing after a save that reported no error")
+
+
+def _remove_partial(fs: Any, partial: str) -> None:
+    """After a failed save, the writing rank removes what was written of the temporary file; a removal
+    that fails is logged (the stop's own error is the one raised)."""
+    try:
+        if fs.exists(partial):
+            fs.rm(partial, recursive=True)
+    except Exception as error:  # the StopError on its way out is the error that matters; this one is logged
+        log.logger.warning("could not remove the partial stop checkpoint %s: %s: %s", partial,
+                           type(error).__name__, error)

@@ -57,6 +57,8 @@ TRAINER = (
     Internal("_signal_connector.received_sigterm", "set at the agreed stop, as Lightning's handler would"),
     Internal("_checkpoint_connector.hpc_save_path", "the stop checkpoint's name, hpc_ckpt_<N>.ckpt"),
     Internal("_checkpoint_connector.dump_checkpoint", "the stop checkpoint's contents"),
+    Internal("_checkpoint_connector.resume_start", "a fit started without ckpt_path resumes (Settings.resume)"),
+    Internal("_teardown", "Lightning's last step for an exception: ddp_spawn's launching process exits after it"),
     Internal("fit_loop.epoch_loop._should_accumulate", "a stop waits for the optimizer step"),
     Internal("fit_loop.epoch_loop._broadcast_sigterm_tensor", "rank 0's per-batch broadcast, switched off", "2.5.2"),
 )
@@ -147,6 +149,22 @@ def give_back_signal_handlers(trainer: Any) -> None:
     for name in _TRAINER_HANDLERS:
         trainer._signal_connector.__dict__.pop(name, None)
     trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
+    trainer._checkpoint_connector.__dict__.pop("resume_start", None)
+
+
+def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None:
+    """Make a ``fit`` started without ``ckpt_path`` (after Lightning's own choice, e.g. SLURM's
+    ``hpc``, found nothing) load ``choose()``'s checkpoint, if it names one. Every rank calls
+    ``choose`` at the same point (the restore of ``fit``); :func:`give_back_signal_handlers` undoes it."""
+    connector = trainer._checkpoint_connector
+    lightnings = type(connector).resume_start.__get__(connector)
+
+    def resume_start(checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if checkpoint_path is None and trainer.state.fn == "fit":
+            checkpoint_path = choose()
+        return lightnings(checkpoint_path, *args, **kwargs)
+
+    connector.resume_start = resume_start
 
 
 def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
@@ -159,15 +177,30 @@ def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
+def raise_after_teardown(trainer: Any, ending: BaseException) -> None:
+    """Make the Trainer's teardown for the exception on its way out (the last thing Lightning does before
+    re-raising it) raise ``ending`` instead, once Lightning's teardown has run."""
+    lightnings = type(trainer)._teardown.__get__(trainer)
+
+    def _teardown() -> None:
+        del trainer._teardown
+        lightnings()
+        trainer.state.stage = None  # what Lightning does after its teardown, before it re-raises
+        raise ending
+
+    trainer._teardown = _teardown
+
+
 def optimizer_stepped(trainer: Any) -> bool:
     """Whether the batch that just ended stepped the optimizer (not mid-accumulation)."""
     return not trainer.fit_loop.epoch_loop._should_accumulate()
 
 
-def hpc_checkpoint(trainer: Any) -> tuple[str, Callable[[], dict[str, Any]]]:
-    """The path of the next ``hpc_ckpt_<N>.ckpt`` and a function that dumps the checkpoint's contents."""
+def hpc_checkpoint(trainer: Any, directory: str) -> tuple[str, Callable[[], dict[str, Any]]]:
+    """The path of the next ``hpc_ckpt_<N>.ckpt`` in ``directory`` and a function that dumps the
+    checkpoint's contents."""
     connector = trainer._checkpoint_connector
-    return connector.hpc_save_path(trainer.default_root_dir), lambda: connector.dump_checkpoint(weights_only=False)
+    return connector.hpc_save_path(directory), lambda: connector.dump_checkpoint(weights_only=False)
 
 
 def _no_broadcast() -> None:

@@ -35,13 +35,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+from torch.multiprocessing.spawn import ProcessExitedException
 
 from ddp_sigterm import slurm
+from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._core.settings import Settings
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
-from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning import internals, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 
 
@@ -95,6 +97,9 @@ class TrainerStop(Integration):
         coordinator.start(install_handlers=False)
         self._coordinator, self._trainer = coordinator, trainer
         internals.take_signal_handlers(trainer, coordinator.recorder.record, self.lightning.distribution)
+        settings, under_slurm = self.settings, self.lightning.slurm_environment.detect()
+        if stage == "fit" and (settings.resume or (settings.checkpoint_dir and under_slurm)):
+            internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, settings))
 
     def _supported(self, trainer: Any) -> bool:
         """Whether the running Lightning has every internal the callback needs; if not, a warning
@@ -135,6 +140,24 @@ class TrainerStop(Integration):
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._close()
+        if isinstance(exception, ProcessExitedException) and not self._steps_aside(trainer):
+            self._exit_as_the_ranks(trainer, exception)
+
+    def _exit_as_the_ranks(self, trainer: Any, exception: ProcessExitedException) -> None:
+        """The launching process of ``ddp_spawn`` (not a rank: its ``fit`` waits for the spawned ranks)
+        learns that a rank ended with a stop's exit code: after Lightning's own exception handling and
+        teardown, it ends with the same code, as the ranks did, instead of torch's traceback and 1."""
+        code = exception.exit_code
+        stops = {exit_codes.stopped(signum) for signum in self.settings.signal_numbers}
+        if code in stops:
+            ending: BaseException = self.lightning.sigterm_exception(code)
+        elif code in (exit_codes.STOP_FAILED, exit_codes.GAVE_UP):
+            ending = SystemExit(code)
+        else:
+            return
+        self.lightning.rank_zero_info(f"ddp_sigterm: a spawned rank (process {exception.error_pid}) ended with exit "
+                                      f"code {code}: the launching process exits with it")
+        internals.raise_after_teardown(trainer, ending)
 
     # -- check points --------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -229,15 +252,37 @@ def _same_world(world_size: int) -> bool:
 
 
 def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
-    """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt`` (see :func:`save_in_unison`: a save cut
-    short never leaves a checkpoint that resuming would pick; a failure on any rank raises
-    :class:`StopError` on every rank). Returns the path on rank 0."""
-    path, dump = internals.hpc_checkpoint(trainer)  # only rank 0's path is used: it renames
+    """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt`` in the stop-checkpoint directory (see
+    :func:`save_in_unison`: a save cut short never leaves a checkpoint that resuming would pick; a
+    failure on any rank raises :class:`StopError` on every rank); then rank 0 deletes all but the newest
+    ``keep_checkpoints``. Returns the path on rank 0."""
+    settings = coordinator.settings
+    directory = _stop_checkpoint_dir(trainer, settings)
+    path, dump = internals.hpc_checkpoint(trainer, directory)  # only rank 0's path is used: it renames
 
     def write(partial: str) -> None:
         trainer.strategy.save_checkpoint(dump(), partial)
 
-    return save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
+    saved = save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
+    if trainer.is_global_zero:
+        stop_checkpoints.keep_newest(directory, settings.keep_checkpoints)
+    return saved
+
+
+def _stop_checkpoint_dir(trainer: Any, settings: Settings) -> str:
+    return settings.checkpoint_dir or str(trainer.default_root_dir)
+
+
+def _newest_stop_checkpoint(trainer: Any, settings: Settings) -> str | None:
+    """Global rank 0's newest stop checkpoint, on every rank (a collective: every rank resumes from the
+    same file, or every rank starts afresh)."""
+    directory = _stop_checkpoint_dir(trainer, settings)
+    found = stop_checkpoints.saved(directory) if trainer.is_global_zero else []
+    newest: str | None = trainer.strategy.broadcast(found[-1] if found else None, src=0)
+    if newest is not None:
+        logger.info("rank %d of %d: fit started without ckpt_path resumes from the newest stop checkpoint, %s "
+                    "(DDP_SIGTERM_RESUME)", trainer.global_rank, trainer.world_size, newest)
+    return newest
 
 
 def _requeue(trainer: Any, coordinator: StopCoordinator, requeue_signal: int, step: int) -> str | None:

@@ -1,0 +1,173 @@
+"""Where the Trainer's stop checkpoints go, which one a relaunch resumes from, how many stay, and what is
+left when the save fails: a local directory, a ``file://`` URL, and a real S3-compatible server (moto in
+server mode on 127.0.0.1, started here) through s3fs, as a user on object storage runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from harness import free_port
+from helpers import SIGTERM_EXIT, assert_finished, fit
+
+pytestmark = pytest.mark.scenario
+STOP_FAILED = 200  # ddp_sigterm._core.exit_codes.STOP_FAILED, written out: the table in docs/reliability.md
+BUCKET = "ddp-sigterm-test"
+
+
+def stopped_in_unison(result, exit_code: int = SIGTERM_EXIT) -> int:
+    why = result.describe()
+    assert not result.timed_out, why
+    assert set(result.returncodes.values()) == {exit_code}, why
+    steps = set(result.steps().values())
+    assert len(steps) == 1, why
+    return steps.pop()
+
+
+def same_weights(*results) -> bool:
+    return len({o["weights"] for result in results for o in result.outcomes.values()}) == 1
+
+
+def test_file_url_root_stops_saves_and_resumes_by_itself(tmp_path: Path) -> None:
+    """default_root_dir="file:///...": the save goes through fsspec (it used os.path, and failed); a
+    relaunch with DDP_SIGTERM_RESUME=1 and no ckpt_path resumes and ends with an uninterrupted run's weights."""
+    root = tmp_path / "root"
+    url = {"SCENARIO_ROOT_DIR": f"file://{root}", "SCENARIO_BATCHES": "4", "SCENARIO_MAX_STEPS": "8",
+           "SCENARIO_DATA_BY_STEP": "1"}
+    result = fit(tmp_path / "job", inject="1:2:forward", **url)
+    step = stopped_in_unison(result)
+    assert [p.name for p in root.iterdir() if p.name.startswith(("hpc_ckpt", ".ddp_sigterm"))] == ["hpc_ckpt_1.ckpt"]
+    assert torch.load(root / "hpc_ckpt_1.ckpt", weights_only=False)["global_step"] == step
+    resumed = fit(tmp_path / "job", **url, DDP_SIGTERM_RESUME="1")
+    assert_finished(resumed, steps=8)
+    assert {o["batches_started"] for o in resumed.outcomes.values()} == {8 - step}, resumed.describe()
+    straight = fit(tmp_path / "straight", SCENARIO_ROOT_DIR=str(tmp_path / "straight"), SCENARIO_BATCHES="4",
+                   SCENARIO_MAX_STEPS="8", SCENARIO_DATA_BY_STEP="1")
+    assert_finished(straight, steps=8)
+    assert same_weights(resumed, straight), "resumed weights differ from an uninterrupted run's"
+
+
+def test_without_resume_setting_a_relaunch_starts_afresh(tmp_path: Path) -> None:
+    """Off by default: the same script run again in the same directory starts from scratch, as stock does."""
+    fit_args = {"SCENARIO_MAX_STEPS": "6"}
+    stopped_in_unison(fit(tmp_path, inject="0:2:forward", **fit_args))
+    again = fit(tmp_path, **fit_args)
+    assert_finished(again, steps=6)
+    assert {o["batches_started"] for o in again.outcomes.values()} == {6}, again.describe()
+
+
+def test_a_failed_save_exits_200_everywhere_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    """Rank 1 cannot gather its part of the checkpoint after rank 0 wrote the file: every rank raises
+    StopError and exits 200 (retryable), rank 0 removes what it wrote, the older stop checkpoint stays."""
+    first = fit(tmp_path, inject="0:2:forward")
+    stopped_in_unison(first)
+    result = fit(tmp_path, inject="0:2:forward", SCENARIO_RESUME="1", SCENARIO_FAIL_SAVE_ON_RANK="1")
+    why = result.describe()
+    stopped_in_unison(result, exit_code=STOP_FAILED)
+    outcomes = result.outcomes
+    assert all(o["exception"].startswith("StopError: ddp_sigterm: rank") for o in outcomes.values()), why
+    assert "disk quota exceeded" in outcomes[1]["exception"], why
+    assert "failed on rank 1 (its log has the reason)" in outcomes[0]["exception"], why
+    assert "disk quota exceeded" in result.log("rank1"), why  # the reason, with its traceback, in the log
+    assert sorted(p.name for p in tmp_path.glob("*.ckpt")) == ["hpc_ckpt_1.ckpt"], why
+    assert not list(tmp_path.glob(".ddp_sigterm*")), why
+
+
+def test_keep_newest_deletes_only_older_stop_checkpoints(tmp_path: Path) -> None:
+    from ddp_sigterm._lightning import stop_checkpoints
+
+    for name in ("hpc_ckpt_2.ckpt", "hpc_ckpt_10.ckpt", "hpc_ckpt_9.ckpt", "last.ckpt", ".ddp_sigterm-partial.ckpt"):
+        (tmp_path / name).write_bytes(b"x")
+    url = f"file://{tmp_path}"
+    assert stop_checkpoints.saved(url) == [f"{url}/hpc_ckpt_{n}.ckpt" for n in (2, 9, 10)]  # by number, not by name
+    assert stop_checkpoints.keep_newest(str(tmp_path), 0) == []
+    assert stop_checkpoints.keep_newest(str(tmp_path), 2) == [f"{tmp_path}/hpc_ckpt_2.ckpt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ddp_sigterm-partial.ckpt", "hpc_ckpt_10.ckpt",
+                                                           "hpc_ckpt_9.ckpt", "last.ckpt"]
+    assert stop_checkpoints.saved(str(tmp_path / "missing")) == []
+
+
+# -- a real S3-compatible server ------------------------------------------------------------------
+@pytest.fixture
+def s3_server(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """moto's S3 server on 127.0.0.1 (its own process group, killed in finally), with one bucket; yields
+    the environment a job needs to reach it through s3fs."""
+    pytest.importorskip("s3fs")
+    port = free_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    log = (tmp_path / "moto.log").open("wb")
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        fs = _s3(env)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fs.mkdir(BUCKET)
+                break
+            except Exception:  # not listening yet
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield env
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        log.close()
+
+
+def _s3(env: dict[str, str]):
+    import s3fs
+
+    return s3fs.S3FileSystem(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
+                             endpoint_url=env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+
+
+def _names(env: dict[str, str], prefix: str) -> list[str]:
+    fs = _s3(env)
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(prefix)) if fs.exists(prefix) else []
+
+
+def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3_server: dict[str, str]) -> None:
+    """checkpoint_dir=s3://bucket/run, keep_checkpoints=1, resume on: stopped twice, relaunched three
+    times, the job ends with an uninterrupted run's weights; the bucket holds one stop checkpoint, the
+    newest, and no temporary file."""
+    prefix = f"{BUCKET}/run"
+    job = {**s3_server, "DDP_SIGTERM_CHECKPOINT_DIR": f"s3://{prefix}", "DDP_SIGTERM_KEEP_CHECKPOINTS": "1",
+           "DDP_SIGTERM_RESUME": "1", "SCENARIO_BATCHES": "4", "SCENARIO_MAX_STEPS": "8",
+           "SCENARIO_DATA_BY_STEP": "1"}
+    first = fit(tmp_path / "job", inject="1:2:forward", **job)
+    step = stopped_in_unison(first)
+    assert _names(s3_server, prefix) == ["hpc_ckpt_1.ckpt"], first.describe()
+    second = fit(tmp_path / "job", inject="0:2:forward", **job)  # resumes at `step`, stopped again 2 batches on
+    later = stopped_in_unison(second)
+    assert later > step, second.describe()
+    assert _names(s3_server, prefix) == ["hpc_ckpt_2.ckpt"], second.describe()
+    last = fit(tmp_path / "job", **job)
+    assert_finished(last, steps=8)
+    assert {o["batches_started"] for o in last.outcomes.values()} == {8 - later}, last.describe()
+    assert list((tmp_path / "job").glob("hpc_ckpt_*")) == [], "a stop checkpoint went to default_root_dir"
+    straight = fit(tmp_path / "straight", SCENARIO_BATCHES="4", SCENARIO_MAX_STEPS="8", SCENARIO_DATA_BY_STEP="1")
+    assert_finished(straight, steps=8)
+    assert same_weights(last, straight), "resumed weights differ from an uninterrupted run's"
+
+
+def test_s3_failed_save_leaves_no_partial_object(tmp_path: Path, s3_server: dict[str, str]) -> None:
+    prefix = f"{BUCKET}/failing"
+    result = fit(tmp_path, inject="0:2:forward", SCENARIO_FAIL_SAVE_ON_RANK="1", **s3_server,
+                 DDP_SIGTERM_CHECKPOINT_DIR=f"s3://{prefix}")
+    stopped_in_unison(result, exit_code=STOP_FAILED)
+    assert _names(s3_server, prefix) == [], result.describe()
+
