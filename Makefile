@@ -78,7 +78,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
 .PHONY: test test-unit lint test-versions test-extended test-slurm test-lightning test-upstream upstream-trees patched-lightning test-patched \
-	soak bench bench-master demo clean
+	soak bench bench-grace bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV)
@@ -230,6 +230,10 @@ $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 
 bench: $(VENV)/.bench-installed $(VENV_PATCHED)/.installed
 	$(VENV)/bin/python benchmarks/bench.py
+
+# The grace period a stop needs against the checkpoint's size, local and on a moto S3 server (docs/kubernetes.md).
+bench-grace: $(VENV)/.installed
+	$(VENV)/bin/python benchmarks/grace.py --s3
 
 # The pull requests' cost table (PR 1's DESCRIPTION.md, docs/upstream.md): its attached benchmark.py on Lightning's
 # master as it is (#20825's broadcast), on master + #21666 (no check: the floor) and with the series, at 1, 10 and

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import signal
@@ -23,6 +24,17 @@ from ddp_sigterm.fabric import save_at_stop, unison_stop
 def newest_checkpoint(root: str) -> str | None:
     steps = [int(m.group(1)) for name in os.listdir(root) if (m := re.fullmatch(r"step-(\d+)\.ckpt", name))]
     return os.path.join(root, f"step-{max(steps)}.ckpt") if steps else None
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data of ``step`` on ``rank``: a resumed run sees what an uninterrupted one would have seen."""
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(32, 16, generator=generator), torch.randn(32, 1, generator=generator)
+
+
+def digest(model: torch.nn.Module) -> str:
+    """A fingerprint of the weights: a resumed run must end with an uninterrupted run's."""
+    return hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
 
 
 def main() -> None:
@@ -54,12 +66,11 @@ def main() -> None:
         print(f"[rank {rank}] stopped at step {step} by {name}, checkpoint {path}, exit {stop.exit_code}", flush=True)
         raise SystemExit(stop.exit_code)
 
-    generator = torch.Generator().manual_seed(1000 + rank)
     step = start
     try:
         for step in range(start + 1, args.max_steps + 1):
             time.sleep(args.step_seconds)  # stands in for real work
-            x, y = torch.randn(32, 16, generator=generator), torch.randn(32, 1, generator=generator)
+            x, y = batch(step, rank)
             loss = torch.nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             fabric.backward(loss)
@@ -70,7 +81,7 @@ def main() -> None:
                 save_and_exit(step)
         if stop.decide_now(step):  # a signal after the last agreement is not lost
             save_and_exit(step)
-        print(f"[rank {rank}] finished at step {step}", flush=True)
+        print(f"[rank {rank}] finished at step {step}, weights {digest(model)}", flush=True)
     finally:
         stop.close()
 

@@ -125,6 +125,15 @@ def fit(tmp: Path, mode: str = "independent", world_size: int = 2,
                    scenario={"SCENARIO_INJECT": injection.encode(inject), **scenario})
 
 
+def torchrun_restarts(max_restarts: int = 3) -> dict[str, str]:
+    """The environment of ``torchrun --max-restarts=N`` with the workaround of docs/torchrun.md: the c10d
+    rendezvous, and a store of its own for each attempt (torchrun reads ``PET_<FLAG>`` for a flag not given)."""
+    from harness import free_port
+
+    return {"PET_MAX_RESTARTS": str(max_restarts), "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def assert_plain_loop_stopped(result: JobResult, ranks: tuple[int, ...] = (0, 1)) -> int:
     """The plain loop (tests/plain_loop.py) stopped on ``ranks`` at the same step with exit 128 + SIGTERM, the
     same decision on each, and rank 0 saved that step, once; returns the step."""

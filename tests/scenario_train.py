@@ -68,6 +68,10 @@ SLOW_SLEEP = float(ENV.get("SCENARIO_SLOW_SLEEP", str(STEP_SLEEP)))
 UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
 # The signals this job sends itself (see injection.py), each once.
 INJECT = injection.parse(ENV.get("SCENARIO_INJECT", ""))
+# Under torchrun --max-restarts: the attempt this process belongs to; the faults are sent in the first one only.
+ATTEMPT = int(ENV.get("TORCHELASTIC_RESTART_COUNT", "0"))
+if ATTEMPT > 0:
+    INJECT = []
 # Run by the patched Lightning (no package): its stop raises SIGTERMException on every rank at the same step and saves
 # nothing itself; the stop's checkpoint is Lightning's OnExceptionCheckpoint, as a user of that Lightning adds to a fit.
 ON_EXCEPTION_CHECKPOINT = ENV.get("SCENARIO_IMPLEMENTATION") == "patched" and STAGE == "fit"
@@ -357,6 +361,7 @@ def main() -> None:
             ended_at=time.monotonic(),
             weights=weights_digest(model),
             callbacks=[type(cb).__name__ for cb in trainer.callbacks],
+            attempt=ATTEMPT,
             lightning=pl.__version__,
             trainer_package=pl.__name__,
             environment=type(trainer._accelerator_connector.cluster_environment).__name__,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from harness import PYTHON, Supervised, free_port, signal_pid, supervise
-from helpers import per_rank, saved_step, steps_done
+from helpers import per_rank, saved_step, steps_done, torchrun_restarts
 
 pytestmark = pytest.mark.scenario
 
@@ -131,6 +131,27 @@ def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: s
     expected = list(range(step + 1, MAX_STEPS + 1))
     assert steps_done(text) == {0: expected, 1: expected}, f"the resumed run did not do exactly the rest\n{why}"
     assert set(resumed.returncodes.values()) == {0}, f"exit code {resumed.returncodes}\n{why}"
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("example", ["plain_torch", "fabric"])
+def test_example_resumes_in_torchruns_own_restart(example: str, tmp_path: Path) -> None:
+    """torchrun --max-restarts=3 with the workaround of docs/torchrun.md: SIGTERM to rank 1, every rank stops at the
+    same step, torchrun starts the group again, the example resumes from that step by itself, ends with an
+    uninterrupted run's weights, and torchrun exits 0."""
+    restarted = run(example, "torchrun", tmp_path / "restarted", tmp_path / "checkpoints", signal_rank=SIGNALLED_RANK,
+                    env=torchrun_restarts())
+    text, why = restarted.output(), tail(restarted)
+    stops = per_rank(r"stopped at step (\d+)", text)
+    assert sorted(stops) == [0, 1], why
+    assert len(set(stops.values())) == 1, why
+    starts = sorted(re.findall(r"\[rank (\d+)\] pid \d+, starting at step (\d+)", text))
+    assert starts == sorted([("0", "0"), ("1", "0"), ("0", str(stops[0])), ("1", str(stops[0]))]), why
+    assert restarted.returncodes == {"torchrun": 0}, why
+    straight = run(example, "torchrun", tmp_path / "straight", tmp_path / "straight-checkpoints", signal_rank=None)
+    finished = re.findall(r"\[rank \d+\] finished at step (\d+), weights (\w+)", text + straight.output())
+    assert len(finished) == 4, f"{why}\n{tail(straight)}"
+    assert set(finished) == {(str(MAX_STEPS), finished[0][1])}, f"not an uninterrupted run's weights: {finished}"
 
 
 # SIGINT (whose default handler Python implements as a function) in make test; the others in make test-extended.

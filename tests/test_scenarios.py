@@ -86,11 +86,12 @@ def test_launchers(tmp_path: Path, mode: str, rank: int) -> None:
 
 
 
-def test_ddp_spawn_launching_process_exits_like_its_ranks(tmp_path: Path) -> None:
-    """strategy="ddp_spawn", SIGTERM to rank 1 (a spawned process): the ranks stop at the same step and save
-    it, and the launching process (not a rank) exits 143 with no traceback (it was 1, with torch's
-    ProcessExitedException)."""
-    result = fit(tmp_path, mode="lightning", inject="1:2:batch_start", SCENARIO_STRATEGY="ddp_spawn")
+@pytest.mark.parametrize("strategy", ["ddp_spawn", pytest.param("ddp_notebook", marks=pytest.mark.extended)])
+def test_ddp_spawn_launching_process_exits_like_its_ranks(tmp_path: Path, strategy: str) -> None:
+    """strategy="ddp_spawn" (and "ddp_notebook", forked), SIGTERM to rank 1 (a spawned process): the ranks
+    stop at the same step and save it, and the launching process (not a rank) exits 143 with no traceback
+    (it was 1, with torch's ProcessExitedException)."""
+    result = fit(tmp_path, mode="lightning", inject="1:2:batch_start", SCENARIO_STRATEGY=strategy)
     why = result.describe()
     assert not result.timed_out, why
     assert result.returncodes == {"launcher": SIGTERM_EXIT}, why

@@ -56,6 +56,7 @@ def test_file_url_root_stops_saves_and_resumes_by_itself(tmp_path: Path) -> None
     assert same_weights(resumed, straight), "resumed weights differ from an uninterrupted run's"
 
 
+@pytest.mark.extended
 def test_without_resume_setting_a_relaunch_starts_afresh(tmp_path: Path) -> None:
     """Off by default: the same script run again in the same directory starts from scratch, as stock does."""
     fit_args = {"SCENARIO_MAX_STEPS": "6"}
@@ -164,6 +165,7 @@ def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3_server: d
     assert same_weights(last, straight), "resumed weights differ from an uninterrupted run's"
 
 
+@pytest.mark.extended
 def test_s3_failed_save_leaves_no_partial_object(tmp_path: Path, s3_server: dict[str, str]) -> None:
     prefix = f"{BUCKET}/failing"
     result = fit(tmp_path, inject="0:2:forward", SCENARIO_FAIL_SAVE_ON_RANK="1", **s3_server,

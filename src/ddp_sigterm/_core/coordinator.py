@@ -24,11 +24,12 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch.distributed as dist
 
-from ddp_sigterm._core import exit_codes, log
+from ddp_sigterm._core import exit_codes, log, torchelastic
 from ddp_sigterm._core.agreement import Agreement, cpu_group, destroy_default_group_at_exit
 from ddp_sigterm._core.cadence import Cadence
 from ddp_sigterm._core.deadline import Deadline
@@ -125,6 +126,9 @@ class StopCoordinator:
             self.deadline = Deadline(self.settings.stop_deadline, self.recorder.signals,
                                      f"rank {self.rank} of {self.world_size}", lambda: self.activity)
             self.deadline.start()
+        hazard = torchelastic.restart_hazard() if self.agreement.distributed and self.rank == 0 else None
+        if hazard is not None:
+            warnings.warn(hazard, stacklevel=2)
         if install_handlers:
             self.recorder.install()
         else:

@@ -1,0 +1,34 @@
+"""torchrun's restarts, and the hazard they carry in torch up to at least 2.13.
+
+``torchrun --max-restarts=N`` keeps one TCPStore, owned by its agent, for every attempt of the worker
+group (static rendezvous always; c10d and ``--standalone`` unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``),
+and the workers' process groups write the same keys in every attempt (torch's ``rendezvous.py`` adds
+no per-attempt prefix there). A restarted rank can read a dead peer's address from the previous
+attempt: ``Gloo connectFullMesh failed ... Connection refused``, or a hang, in 8 of 10 restarts here
+(repro/torchrun_restart). The package cannot reach the agent's environment; it says what to change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+FIX = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend=c10d --rdzv-endpoint=<host:port> ... "
+       "(or --standalone on one node)")
+
+
+def restart_hazard(environ: Mapping[str, str] | None = None) -> str | None:
+    """A warning if this worker's torchrun may restart the group on a store the attempts share, else None."""
+    environ = os.environ if environ is None else environ
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    try:
+        restarts = int(environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        return None
+    if restarts <= 0:
+        return None
+    return (f"ddp_sigterm: torchrun may restart this job (--max-restarts={restarts}) on a store that its attempts "
+            "share: a restarted rank can then read a previous attempt's addresses and fail at start-up (Gloo "
+            "'connectFullMesh failed ... Connection refused') or hang. Run it as "
+            f"`{FIX}`: each attempt then gets a store of its own. See the package's docs/torchrun.md")
