@@ -174,6 +174,7 @@ def test_release_stops_in_unison_and_resumes(tmp_path: Path, package: str, rank:
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
 
 
+@pytest.mark.extended  # make test's 10 minutes; the release matrix runs it too
 def test_standalone_pytorch_lightning_package_stops_in_unison_and_resumes(tmp_path: Path) -> None:
     """``import pytorch_lightning as pl``: its Trainer loads its own entry point group and has its own
     Callback and SIGTERMException classes; the package registers a callback of its own, same behaviour."""
@@ -373,6 +374,7 @@ def test_one_device_test_after_a_multi_device_fit(tmp_path: Path, mode: str, sig
     assert result.checkpoints() == [], why
 
 
+@pytest.mark.extended  # make test's 10 minutes
 def test_opt_out_shows_the_stock_failure(tmp_path: Path) -> None:
     """Sensitivity: the seed scenario without the package must fail the way stock Lightning does
     (a hang cut off by the harness, or ranks out of step), so the suite proves it catches the bug."""

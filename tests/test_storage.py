@@ -141,6 +141,7 @@ def _names(env: dict[str, str], prefix: str) -> list[str]:
     return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(prefix)) if fs.exists(prefix) else []
 
 
+@pytest.mark.extended  # make test's 10 minutes
 def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3_server: dict[str, str]) -> None:
     """checkpoint_dir=s3://bucket/run, keep_checkpoints=1, resume on: stopped twice, relaunched three
     times, the job ends with an uninterrupted run's weights; the bucket holds one stop checkpoint, the
