@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from harness import OutsideSignal, free_port, run_job  # noqa: E402
+from harness import OutsideSignal, run_job, s3_server  # noqa: E402
 
 SAVED = re.compile(r"the stop checkpoint of step \d+ is saved: .* \(([\d.]+) s, every rank\)")
 
@@ -41,32 +37,6 @@ def drained(out: Path, payload_mb: int, env: dict[str, str]) -> tuple[float, flo
     return needed, save, round(size)
 
 
-@contextlib.contextmanager
-def s3_server(workdir: Path):
-    port = free_port()
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-           "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    with open(workdir / "moto.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            import s3fs
-
-            fs = s3fs.S3FileSystem(endpoint_url=env["AWS_ENDPOINT_URL"], key=env["AWS_ACCESS_KEY_ID"],
-                                   secret=env["AWS_SECRET_ACCESS_KEY"])
-            for _ in range(300):
-                with contextlib.suppress(Exception):
-                    fs.mkdir("bench")
-                    break
-                time.sleep(0.2)
-            yield env
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="0,64,256,1024", help="extra MiB in the checkpoint, comma-separated")
@@ -80,7 +50,7 @@ def main() -> None:
         stores: list[tuple[str, dict[str, str]]] = [("local disk", {})]
         with contextlib.ExitStack() as stack:
             if args.s3:
-                env = stack.enter_context(s3_server(work))
+                env = stack.enter_context(s3_server(work, "bench"))
                 stores.append(("S3 (moto, 127.0.0.1)", {**env, "DDP_SIGTERM_CHECKPOINT_DIR": "s3://bench/run"}))
             for store, env in stores:
                 for index, size in enumerate(sizes):

@@ -22,8 +22,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "scenario_train.py"
@@ -34,6 +35,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def s3_server(out: Path, bucket: str) -> Iterator[dict[str, str]]:
+    """A real S3-compatible server, moto's, on 127.0.0.1 (a session of its own, killed in ``finally``,
+    its log in ``out/moto.log``), with ``bucket`` made; yields the environment a job needs to reach it
+    through s3fs (``s3://<bucket>/...``)."""
+    port = free_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    with open(out / "moto.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    s3_filesystem(env).mkdir(bucket)
+                    break
+                except Exception:  # not listening yet; after the deadline, the error is raised
+                    if server.poll() is not None or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+            yield env
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+
+
+def s3_filesystem(env: dict[str, str]) -> Any:
+    """s3fs's file system for the server :func:`s3_server` started (a fresh instance: no cached listing)."""
+    import s3fs
+
+    return s3fs.S3FileSystem(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
+                             endpoint_url=env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
 
 
 def stop_checkpoints(directory: Path) -> list[Path]:

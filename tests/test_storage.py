@@ -5,18 +5,12 @@ server mode on 127.0.0.1, started here) through s3fs, as a user on object storag
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from harness import free_port
+from harness import s3_filesystem, s3_server
 from helpers import SIGTERM_EXIT, assert_finished, fit
 
 pytestmark = pytest.mark.scenario
@@ -99,64 +93,32 @@ def test_keep_newest_deletes_only_older_stop_checkpoints(tmp_path: Path) -> None
 
 # -- a real S3-compatible server ------------------------------------------------------------------
 @pytest.fixture
-def s3_server(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """moto's S3 server on 127.0.0.1 (its own process group, killed in finally), with one bucket; yields
-    the environment a job needs to reach it through s3fs."""
-    pytest.importorskip("s3fs")
-    port = free_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-           "FSSPEC_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    log = (tmp_path / "moto.log").open("wb")
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        fs = _s3(env)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                fs.mkdir(BUCKET)
-                break
-            except Exception:  # not listening yet
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+def s3(tmp_path: Path) -> Iterator[dict[str, str]]:
+    with s3_server(tmp_path, BUCKET) as env:
         yield env
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-        log.close()
-
-
-def _s3(env: dict[str, str]):
-    import s3fs
-
-    return s3fs.S3FileSystem(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
-                             endpoint_url=env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
 
 
 def _names(env: dict[str, str], prefix: str) -> list[str]:
-    fs = _s3(env)
+    fs = s3_filesystem(env)
     return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(prefix)) if fs.exists(prefix) else []
 
 
 @pytest.mark.extended  # make test's 10 minutes
-def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3_server: dict[str, str]) -> None:
+def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3: dict[str, str]) -> None:
     """checkpoint_dir=s3://bucket/run, keep_checkpoints=1, resume on: stopped twice, relaunched three
     times, the job ends with an uninterrupted run's weights; the bucket holds one stop checkpoint, the
     newest, and no temporary file."""
     prefix = f"{BUCKET}/run"
-    job = {**s3_server, "DDP_SIGTERM_CHECKPOINT_DIR": f"s3://{prefix}", "DDP_SIGTERM_KEEP_CHECKPOINTS": "1",
+    job = {**s3, "DDP_SIGTERM_CHECKPOINT_DIR": f"s3://{prefix}", "DDP_SIGTERM_KEEP_CHECKPOINTS": "1",
            "DDP_SIGTERM_RESUME": "1", "SCENARIO_BATCHES": "4", "SCENARIO_MAX_STEPS": "8",
            "SCENARIO_DATA_BY_STEP": "1"}
     first = fit(tmp_path / "job", inject="1:2:forward", **job)
     step = stopped_in_unison(first)
-    assert _names(s3_server, prefix) == ["hpc_ckpt_1.ckpt"], first.describe()
+    assert _names(s3, prefix) == ["hpc_ckpt_1.ckpt"], first.describe()
     second = fit(tmp_path / "job", inject="0:2:forward", **job)  # resumes at `step`, stopped again 2 batches on
     later = stopped_in_unison(second)
     assert later > step, second.describe()
-    assert _names(s3_server, prefix) == ["hpc_ckpt_2.ckpt"], second.describe()
+    assert _names(s3, prefix) == ["hpc_ckpt_2.ckpt"], second.describe()
     last = fit(tmp_path / "job", **job)
     assert_finished(last, steps=8)
     assert {o["batches_started"] for o in last.outcomes.values()} == {8 - later}, last.describe()
@@ -167,10 +129,10 @@ def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3_server: d
 
 
 @pytest.mark.extended
-def test_s3_failed_save_leaves_no_partial_object(tmp_path: Path, s3_server: dict[str, str]) -> None:
+def test_s3_failed_save_leaves_no_partial_object(tmp_path: Path, s3: dict[str, str]) -> None:
     prefix = f"{BUCKET}/failing"
-    result = fit(tmp_path, inject="0:2:forward", SCENARIO_FAIL_SAVE_ON_RANK="1", **s3_server,
+    result = fit(tmp_path, inject="0:2:forward", SCENARIO_FAIL_SAVE_ON_RANK="1", **s3,
                  DDP_SIGTERM_CHECKPOINT_DIR=f"s3://{prefix}")
     stopped_in_unison(result, exit_code=STOP_FAILED)
-    assert _names(s3_server, prefix) == [], result.describe()
+    assert _names(s3, prefix) == [], result.describe()
 
