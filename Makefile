@@ -80,12 +80,13 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 .PHONY: test test-unit lint test-versions test-extended test-slurm test-lightning test-upstream upstream-trees patched-lightning test-patched \
 	soak bench bench-grace bench-master demo clean
 
-$(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt
+$(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt requirements/storage.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
-	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt -e ".[lightning,pytorch-lightning]"
+	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt \
+		-r requirements/storage.txt -e ".[lightning,pytorch-lightning]"
 	touch $@
 
 $(VENV)/.lint-installed: $(VENV)/.installed requirements/lint.txt
