@@ -19,7 +19,8 @@ import torch
 
 from ddp_sigterm import Settings, SettingsError, StopCoordinator, slurm
 from ddp_sigterm._core.cadence import Cadence
-from ddp_sigterm._core.deadline import GAVE_UP_EXIT_CODE, Deadline
+from ddp_sigterm._core.deadline import Deadline
+from ddp_sigterm._core.exit_codes import GAVE_UP
 from ddp_sigterm._core.signals import SignalRecorder
 
 
@@ -304,7 +305,7 @@ def test_deadline_ends_a_blocked_process_with_the_reason(signals: int) -> None:
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
-    assert child.returncode == GAVE_UP_EXIT_CODE, err
+    assert child.returncode == GAVE_UP, err
     assert "ddp_sigterm: rank 0 of 2: " in err, err
     assert "it was waiting for a peer that never answers" in err, err
     if signals < 3:

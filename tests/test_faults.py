@@ -19,8 +19,7 @@ from helpers import (
     fit,
 )
 
-from ddp_sigterm._core.deadline import GAVE_UP_EXIT_CODE
-from ddp_sigterm._core.exit_codes import STOP_FAILED
+from ddp_sigterm._core.exit_codes import GAVE_UP, STOP_FAILED
 
 pytestmark = pytest.mark.scenario
 
@@ -46,7 +45,7 @@ def test_stuck_peer_signalled_rank_gives_up_at_the_deadline(tmp_path: Path) -> N
     assert not result.timed_out, why
     took = result.exited_at["rank1"] - term.sent_at
     print(f"rank 1 exited {took:.1f} s after its SIGTERM (stop_deadline {DEADLINE:g} s)")
-    assert result.returncodes["rank1"] == GAVE_UP_EXIT_CODE, why
+    assert result.returncodes["rank1"] == GAVE_UP, why
     assert DEADLINE - 0.5 <= took <= DEADLINE + EXIT_SLACK, why
     # blocked in the step's all-reduce, or in the agreement if the freeze came after rank 0's last step
     log = result.log("rank1")
@@ -100,7 +99,7 @@ def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
                      scenario={"SCENARIO_INJECT": "1:2:forward;1:*:save;1:*:save", "SCENARIO_SIGNAL_GAP": "2"})
     why = result.describe()
     assert not result.timed_out, why
-    assert result.returncodes["rank1"] == GAVE_UP_EXIT_CODE, why
+    assert result.returncodes["rank1"] == GAVE_UP, why
     assert result.elapsed < 60, why  # well before the deadline
     assert ("ddp_sigterm: rank 1 of 2: SIGTERM received a third time (at least 1 s apart); it was waiting for"
             in result.log("rank1")), why

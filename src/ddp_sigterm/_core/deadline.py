@@ -27,9 +27,6 @@ from collections.abc import Callable
 
 from ddp_sigterm._core import exit_codes
 
-GAVE_UP_EXIT_CODE = exit_codes.GAVE_UP
-"""Exit code of a stop abandoned at the deadline or on the third signal: retryable (see exit_codes)."""
-
 ESCALATION_REQUESTS = 3
 """The stop request that ends the process at once: a second one is ignored, the third means "now"."""
 
@@ -146,12 +143,12 @@ class Deadline:
 
     def _give_up(self, why: str) -> None:
         message = (f"ddp_sigterm: {self._who}: {why}; it was waiting for {self._activity()}. "
-                   f"Giving up on the stop: exiting now with code {GAVE_UP_EXIT_CODE}, without the stop checkpoint "
+                   f"Giving up on the stop: exiting now with code {exit_codes.GAVE_UP}, without the stop checkpoint "
                    f"of this stop (resume from the last complete one).\n")
         try:
             os.write(2, message.encode())
         finally:
-            os._exit(GAVE_UP_EXIT_CODE)
+            os._exit(exit_codes.GAVE_UP)
 
 
 # Deadlines watching in this process: a forked child must not write into their descriptors.
