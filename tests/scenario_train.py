@@ -94,6 +94,14 @@ AHEAD = [int(v) for v in ENV["SCENARIO_SIGNAL_AHEAD"].split(":")] if ENV.get("SC
 # resumes a stop inside an epoch at the epoch's first batch (a plain DataLoader has no position to restore); with
 # this, a resumed run sees the batches an uninterrupted one sees, and its final weights must be the same.
 DATA_BY_STEP = ENV.get("SCENARIO_DATA_BY_STEP") == "1"
+# "R:IFNAME": once the training's process group is made, rank R makes its later gloo groups (the package's) on
+# network interface IFNAME, which its peers cannot reach: a group of the package's own that cannot connect while the
+# training's does (an NCCL job's gloo on the wrong interface; docs/multi-node.md).
+GLOO_IFNAME = ENV.get("SCENARIO_GLOO_IFNAME", "").partition(":")
+# SCENARIO_KEEP_WEIGHTS=1: each rank also saves its final weights (weights.rank<R>.pt), to be compared within a
+# float tolerance: with more than 2 ranks the gradients' sum depends on the order gloo adds them in, which DDP's
+# bucket layout (rebuilt after a run's first step, so different in a resumed run) changes.
+KEEP_WEIGHTS = ENV.get("SCENARIO_KEEP_WEIGHTS") == "1"
 PAYLOAD_MB = int(ENV.get("SCENARIO_PAYLOAD_MB", "0"))  # the checkpoint grows by this many MiB (float32 ones)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -184,8 +192,10 @@ class Injector(Callback):
         self.ahead: int | None = None  # with SCENARIO_SIGNAL_AHEAD: how far the next agreement was
         self.signalled_batch: int | None = None
 
-    def setup(self, trainer, pl_module, stage):
+    def setup(self, trainer, pl_module, stage):  # before the package's: the entry point's callbacks come after
         self.rank = trainer.global_rank
+        if GLOO_IFNAME[2] and self.rank == int(GLOO_IFNAME[0]):
+            os.environ["GLOO_SOCKET_IFNAME"] = GLOO_IFNAME[2]
         # open for the whole run, line-buffered: the test reads it while the job runs
         self.progress = open(os.path.join(OUT, f"progress.rank{self.rank}"), "a", buffering=1)  # noqa: SIM115
 
@@ -368,6 +378,8 @@ def main() -> None:
         )
         with open(os.path.join(OUT, f"outcome.rank{trainer.global_rank}.json"), "w") as f:
             json.dump(outcome, f)
+        if KEEP_WEIGHTS:
+            torch.save(model.state_dict(), os.path.join(OUT, f"weights.rank{trainer.global_rank}.pt"))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,22 @@ WITH_DEADLINE = {"DDP_SIGTERM_STOP_DEADLINE": str(DEADLINE)}
 EXIT_CODE_RUNS = int(os.environ.get("EXIT_CODE_RUNS", "5"))
 
 
+# -- the package's own group cannot be made --------------------------------------------------------
+def test_package_steps_aside_when_its_group_cannot_connect(tmp_path: Path) -> None:
+    """Rank 1's gloo cannot make the package's group (its GLOO_SOCKET_IFNAME names no interface once the
+    training's group is made) while rank 0 waits for it: within connect_timeout both learn it, rank 0
+    warns once, naming the cause and GLOO_SOCKET_IFNAME, and the run trains to its end as without the package
+    (gloo's occasional abort at exit included, as in any run without a stop)."""
+    result = run_job(tmp_path, timeout=MUST_FINISH, env={"DDP_SIGTERM_CONNECT_TIMEOUT": "5"},
+                     scenario={"SCENARIO_GLOO_IFNAME": "1:nosuch0"})
+    assert_finished(result, steps=12, stock=True)
+    why, log = result.describe(), result.log("rank0")
+    assert log.count("ddp_sigterm steps aside for this run") == 1, why
+    for said in ("global rank 1: ", "nosuch0", "GLOO_SOCKET_IFNAME="):
+        assert said in log, why
+    assert "steps aside" not in result.log("rank1"), why
+
+
 # -- a peer that cannot take part ------------------------------------------------------------------
 def test_stuck_peer_signalled_rank_gives_up_at_the_deadline(tmp_path: Path) -> None:
     """Rank 0 is frozen (SIGSTOP: a hung node); rank 1, blocked in the step's gradient all-reduce

@@ -19,6 +19,11 @@ class AgreementError(RuntimeError):
     """The agreement could not complete; the message names the rank and step."""
 
 
+class GroupUnavailable(RuntimeError):
+    """The stop's own gloo groups could not be made on every rank; raised on every rank alike, the
+    message names each rank that failed and why."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Vote:
     """What every rank gets back from :meth:`Agreement.decide`."""
@@ -36,23 +41,18 @@ PAYLOAD_SIZE = len(dataclasses.fields(Vote))
 
 
 class Agreement:
-    """Cross-rank vote on a stop over a dedicated gloo group.
-
-    Its ranks are those of ``group`` (a ``ProcessGroup``; None: the whole default group), never more:
-    a Trainer, Fabric or loop that runs on fewer ranks than the default group (a one-device test after
-    a multi-device fit, evaluation on a subset) must not start a collective the other ranks never join.
-    Creating it is itself a collective among those ranks: each of them must construct it at the same
-    point (the others need not). With ``distributed=False`` (a one-process Trainer, whatever
-    ``torch.distributed`` says), without an initialised default group, or with one rank, it decides locally.
+    """Cross-rank vote on a stop over a dedicated gloo ``group`` of the global ``ranks`` (see
+    :func:`cpu_groups`), never more: a Trainer, Fabric or loop that runs on fewer ranks than the default
+    group (a one-device test after a multi-device fit, evaluation on a subset) must not start a
+    collective the other ranks never join. Without a group it decides locally.
     """
 
-    def __init__(self, timeout_seconds: float, group: dist.ProcessGroup | None = None,
-                 distributed: bool = True) -> None:
-        self.ranks = members(group) if distributed else ()
-        self.distributed = len(self.ranks) > 1
+    def __init__(self, ranks: tuple[int, ...] = (), group: dist.ProcessGroup | None = None) -> None:
+        self.ranks = ranks
+        self.distributed = group is not None
         self.rank = self.ranks.index(dist.get_rank()) if self.distributed else 0
         self.world_size = len(self.ranks) if self.distributed else 1
-        self.group = cpu_group(self.ranks, timeout_seconds) if self.distributed else None
+        self.group = group
         self._payload = torch.zeros(PAYLOAD_SIZE, dtype=torch.int64)
 
     def decide(self, signum: int, interval: int, where: str, in_loop: bool = True, requeue: bool = False,
@@ -146,6 +146,42 @@ def cpu_group(ranks: tuple[int, ...], timeout_seconds: float) -> dist.ProcessGro
         kept.append(group)
     _lent.append(group)
     return group
+
+
+def cpu_groups(ranks: tuple[int, ...], count: int, timeout_seconds: float, connect_seconds: float,
+               training_group: dist.ProcessGroup | None = None) -> list[dist.ProcessGroup]:
+    """``count`` gloo groups of ``ranks`` (see :func:`cpu_group`), each given ``connect_seconds`` to
+    connect, then ``timeout_seconds`` for every collective.
+
+    Contract: every rank of ``ranks`` calls it at the same point; all of them return the groups, or all
+    raise :class:`GroupUnavailable`. Gloo may fail to connect where the training's own group works (an
+    NCCL job whose nodes' host names resolve to a loopback address, a second interface; docs/multi-node.md),
+    and one rank may fail at once while a peer waits out the connection timeout (Gloo waits for its peers
+    in turn: 5 x ``connect_seconds`` measured with 4 ranks). So after each group the ranks tell each other
+    over ``training_group`` (the ranks' own group, None: the default one), which works if training does,
+    and all of them stop at the first group that failed anywhere: every rank makes as many groups as the
+    others, so the names torch gives later groups stay the same on every rank.
+    """
+    # torch < 2.3 cannot change a group's timeout once made: there the groups connect within timeout_seconds
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    made: list[dist.ProcessGroup] = []
+    for _ in range(count):
+        failure = None
+        try:
+            made.append(cpu_group(ranks, connect_seconds if set_timeout is not None else timeout_seconds))
+        except Exception as error:  # told to every rank below, and raised there
+            failure = f"{type(error).__name__}: {error}"
+        failures: list[str | None] = [None] * len(ranks)
+        dist.all_gather_object(failures, failure, group=training_group)
+        if any(failures):
+            for group in made:
+                release_cpu_group(group)
+            named = "; ".join(f"global rank {rank}: {why}" for rank, why in zip(ranks, failures) if why)
+            raise GroupUnavailable(f"the stop's own gloo group of ranks {list(ranks)} could not be made "
+                                   f"(connect_timeout={connect_seconds:g} s) ({named})")
+        if set_timeout is not None:
+            set_timeout(datetime.timedelta(seconds=timeout_seconds), made[-1])
+    return made
 
 
 def release_cpu_group(group: dist.ProcessGroup) -> None:

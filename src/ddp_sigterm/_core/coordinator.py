@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch.distributed as dist
 
 from ddp_sigterm._core import exit_codes, log, torchelastic
-from ddp_sigterm._core.agreement import Agreement, cpu_group, destroy_default_group_at_exit
+from ddp_sigterm._core.agreement import Agreement, GroupUnavailable, cpu_groups, destroy_default_group_at_exit, members
 from ddp_sigterm._core.cadence import Cadence
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.heartbeat import Heartbeat
@@ -100,6 +100,8 @@ class StopCoordinator:
         self._signalled_rank: int | None = None  # the last vote's
         # What this rank waits for, named if the stop deadline runs out (read by its thread).
         self.activity = "the first step boundary"
+        # Why this coordinator never stops: its gloo groups could not be made (set by start, on every rank alike)
+        self.stepped_aside: str | None = None
         # the cadence and the window it measures (monotonic start, boundary), set by restart_cadence
         self.cadence: Cadence
         self._next_check: int
@@ -109,18 +111,31 @@ class StopCoordinator:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, install_handlers: bool = True) -> None:
-        """Create the agreement group (a collective: every rank, same point) and, unless the
-        framework composes signal handlers itself, install the recording handlers. With the package
-        switched off (``enabled=False``, ``DDP_SIGTERM=0``) it does neither: the coordinator never stops."""
+        """Create the agreement's and the heartbeat's groups (a collective: every rank, same point) and,
+        unless the framework composes signal handlers itself, install the recording handlers. With the
+        package switched off (``enabled=False``, ``DDP_SIGTERM=0``) it does neither: the coordinator never
+        stops. If the groups cannot be made within ``connect_timeout`` on every rank, it does neither
+        either, on every rank: it warns once and steps aside (``acting`` is False, ``stepped_aside`` says why)."""
         if not self.settings.enabled:
             return
         log.activate(self.settings.log_level)
         if self.agreement is None:
-            self.agreement = Agreement(self.settings.agreement_timeout, self._group, self._distributed)
-            if self.agreement.distributed:
+            ranks = members(self._group) if self._distributed else ()
+            if len(ranks) < 2:
+                self.agreement = Agreement()
+            else:
+                began = time.monotonic()
+                try:
+                    voting, beating = cpu_groups(ranks, 2, self.settings.agreement_timeout,
+                                                 self.settings.connect_timeout, self._group)
+                except GroupUnavailable as error:
+                    self._step_aside(ranks, error)
+                    return
+                log.logger.debug("rank %d: the stop's gloo groups made in %.3f s", dist.get_rank(),
+                                 time.monotonic() - began)
+                self.agreement = Agreement(ranks, voting)
                 period = min(self.settings.max_delay / 2, HEARTBEAT_SECONDS)
-                self.heartbeat = Heartbeat(cpu_group(self.agreement.ranks, self.settings.agreement_timeout),
-                                           period, lambda: bool(self.recorder.signum))
+                self.heartbeat = Heartbeat(beating, period, lambda: bool(self.recorder.signum))
                 self.heartbeat.start()
         if self.deadline is None and self.agreement.distributed:  # alone, no peer can keep a stop from ending
             self.deadline = Deadline(self.settings.stop_deadline, self.recorder.signals,
@@ -137,6 +152,18 @@ class StopCoordinator:
         peers = f"global ranks {list(self.agreement.ranks)}" if self.agreement.distributed else "this process alone"
         log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
                          ", ".join(signal.Signals(s).name for s in self.recorder.signals), peers)
+
+    def _step_aside(self, ranks: tuple[int, ...], error: GroupUnavailable) -> None:
+        """No group to agree on: this coordinator never stops, on any rank (they all got the same error),
+        and the run goes on as it would without the package; the first rank says so, once."""
+        self.stepped_aside = str(error)
+        if dist.get_rank() == ranks[0]:
+            warnings.warn(f"ddp_sigterm steps aside for this run: {error}. A stop signal is handled as it would be "
+                          "without the package. Gloo connects each rank to the address of the interface it picks "
+                          "on its node: the one its host name resolves to (often a loopback address such as "
+                          "127.0.1.1), unless GLOO_SOCKET_IFNAME names one. Set GLOO_SOCKET_IFNAME=<the interface "
+                          "the nodes reach each other on, e.g. eth0> on every node (docs/multi-node.md), or raise "
+                          "DDP_SIGTERM_CONNECT_TIMEOUT if the group is only slow to form.", stacklevel=3)
 
     def close(self, redeliver: bool = True) -> None:
         """Restore the signal handlers, end the heartbeat and the deadline's watch, destroy the groups:
@@ -177,6 +204,11 @@ class StopCoordinator:
 
     # -- the decision --------------------------------------------------------------------------
     @property
+    def acting(self) -> bool:
+        """Whether this coordinator can stop the run: switched on, and not stepped aside at ``start``."""
+        return self.settings.enabled and self.stepped_aside is None
+
+    @property
     def world_size(self) -> int:
         return self.agreement.world_size if self.agreement is not None else 1
 
@@ -192,7 +224,7 @@ class StopCoordinator:
         """
         if self.decision is not None:
             return True
-        if not self.settings.enabled:
+        if not self.acting:
             return False
         self.boundary += 1
         if self.recorder.signum and self._signal_boundary is None:
@@ -209,7 +241,7 @@ class StopCoordinator:
         instance once at the end of a run so that a late signal is not lost."""
         if self.decision is not None:
             return True
-        if not self.settings.enabled:
+        if not self.acting:
             return False
         started, passed = time.monotonic(), self.boundary - self._window_boundary  # before the vote re-syncs it
         signum, _ = self._agree(step, in_loop=True)
@@ -225,7 +257,7 @@ class StopCoordinator:
         same answer on every rank."""
         if self.decision is not None:
             return True
-        if not self.settings.enabled:
+        if not self.acting:
             return False
         while True:
             signum, anyone_in_loop = self._agree(step, in_loop=False)

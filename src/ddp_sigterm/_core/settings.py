@@ -72,6 +72,14 @@ class Settings:
     """Seconds one agreement may wait for the slowest rank before it fails with an error naming the
     rank and step. It bounds skew between ranks, not the step time."""
 
+    connect_timeout: float = 30.0
+    """Seconds Gloo may wait for each connection of the package's own groups at the start of a
+    multi-process run. If a group cannot be made on every rank (Gloo picked an interface the other
+    nodes cannot reach: see docs/multi-node.md), the package warns once and steps aside for the run, on
+    every rank: the run goes on as it would without it. Gloo waits for its peers in turn, so a rank
+    that nobody reaches gives up after a few times this (5 times with 4 ranks, measured). A run whose
+    groups connect never waits for it."""
+
     save_checkpoint: bool = True
     """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit`` (Lightning integration)."""
 
@@ -124,7 +132,7 @@ class Settings:
             names = ", ".join(signal.Signals(n).name for n in sorted(uncatchable))
             raise SettingsError(f"signals cannot include {names}: they cannot be caught")
         object.__setattr__(self, "signals", tuple(signal.Signals(n).name for n in dict.fromkeys(numbers)))
-        for name in ("max_delay", "agreement_timeout"):
+        for name in ("max_delay", "agreement_timeout", "connect_timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")

@@ -95,6 +95,8 @@ class TrainerStop(Integration):
         # restores); other signals are installed by the recorder once the connector has
         # registered, in _on_stage_start.
         coordinator.start(install_handlers=False)
+        if not coordinator.acting:  # its groups could not be made (it warned): the Trainer is left to stock Lightning
+            return
         self._coordinator, self._trainer = coordinator, trainer
         internals.take_signal_handlers(trainer, coordinator.recorder.record, self.lightning.distribution)
         settings, under_slurm = self.settings, self.lightning.slurm_environment.detect()
