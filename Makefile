@@ -77,8 +77,8 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 		test_trainer_calls_datamodule_on_exception) \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
-.PHONY: test test-unit lint test-versions test-extended test-slurm test-lightning test-upstream upstream-trees patched-lightning test-patched \
-	soak bench bench-grace bench-master demo clean
+.PHONY: test test-unit lint test-versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
+	soak bench bench-grace bench-multinode bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt requirements/storage.txt
 	rm -rf $(VENV)
@@ -218,6 +218,17 @@ test-slurm: $(VENV)/.installed $(VENV_PATCHED)/.installed
 		$(VENV)/bin/python -m pytest -ra --durations=0 -m slurm tests/test_slurm.py; \
 		status=$$?; cat build/slurm-report.md 2>/dev/null; exit $$status
 
+# Jobs across network namespaces on this machine, 2 nodes x 2 ranks (tests/test_multinode.py; tests/nodes.py makes the
+# nodes): each launcher, a stop from node 2, resume; a two-node SLURM cluster's preemption and requeue; Gloo's pitfalls
+# with the package, stock and the patched Lightning.
+# Needs root (skipped with the reason otherwise; MULTINODE_REQUIRED=1, as .ci/run sets, makes that a failure). The
+# trap removes what the ledger build/multinode/created names, if a killed run left it.
+MULTINODE_REQUIRED ?=
+test-multinode: $(VENV)/.installed $(VENV_PATCHED)/.installed
+	trap '$(VENV)/bin/python tests/nodes.py cleanup' EXIT; \
+	MULTINODE_PATCHED_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python MULTINODE_REQUIRED=$(MULTINODE_REQUIRED) \
+		$(VENV)/bin/python -m pytest -ra --durations=0 -m multinode tests/test_multinode.py
+
 # Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tests/soak.py).
 # SEED=S replays a soak; RECORD=docs/reliability.md writes its summary there.
 N ?= 10
@@ -242,6 +253,10 @@ bench-grace: $(VENV)/.installed
 bench-master: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_BASE)/.installed \
 		$(VENV_UPSTREAM_PATCHED)/.installed
 	$(PYTHON) benchmarks/master.py $(if $(REPS),--reps $(REPS))
+
+# The package's group set-up time and the stop latency across 2 and 4 network-namespace nodes of 2 ranks (root).
+bench-multinode: $(VENV)/.installed
+	trap '$(VENV)/bin/python tests/nodes.py cleanup' EXIT; $(VENV)/bin/python benchmarks/multinode.py
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

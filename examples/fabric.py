@@ -40,12 +40,13 @@ def digest(model: torch.nn.Module) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", default="runs/fabric", help="checkpoints go here")
-    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--devices", type=int, default=2, help="ranks per node")
+    parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--step-seconds", type=float, default=0.05)
     args = parser.parse_args()
 
-    fabric = L.Fabric(accelerator="cpu", strategy="ddp", devices=args.devices)
+    fabric = L.Fabric(accelerator="cpu", strategy="ddp", devices=args.devices, num_nodes=args.num_nodes)
     fabric.launch()
     fabric.seed_everything(0)
     model = torch.nn.Linear(16, 1)

@@ -86,8 +86,9 @@ class OutsideSignal:
     ``batch`` (``phase="then"``: batch ``batch`` of the one-device run that follows a fit, see
     SCENARIO_THEN). ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as
     SLURM does), ``"pods"`` (each started process, not its children: what Kubernetes signals, the PID 1
-    of each pod) or ``"rank:R"`` (the process of rank R only; independent and slurm modes, and rank 0,
-    the launcher's own process, in lightning mode). A process that has exited is not signalled."""
+    of each pod), ``"rank:R"`` (the process of rank R only; independent and slurm modes, and rank 0,
+    the launcher's own process, in lightning mode) or ``"node:N"`` (every process of node N, as a node
+    drain; jobs across tests/nodes.py's nodes). A process that has exited is not signalled."""
 
     rank: int
     batch: int
@@ -152,23 +153,9 @@ def run_job(
     ``poll`` is how often the processes are looked at (and so the resolution of ``exited_at``).
     ``until_exited``: labels whose exit ends the job (the others, e.g. a stopped rank, are killed).
     ``slurm``: extra SLURM variables for the ``slurm`` mode (job id, array ids)."""
-    signals = [] if outside is None else [outside] if isinstance(outside, OutsideSignal) else list(outside)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")):
-        stale.unlink()
     python = python or PYTHON
     port = str(free_port())
-    base = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-        "SCENARIO_OUT": str(out),
-        "SCENARIO_WORLD_SIZE": str(world_size),
-        **(scenario or {}),
-        **(env or {}),
-    }
-    for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        base.pop(var, None)
+    base = job_environment(out, world_size, {**(scenario or {}), **(env or {})})
     commands: dict[str, tuple[list[str], dict[str, str]]] = {}
     if mode == "slurm":  # as srun starts a job step: one task per rank, SLURM_* variables describe it
         for rank in range(world_size):
@@ -196,6 +183,16 @@ def run_job(
     else:
         raise ValueError(f"unknown launch mode {mode!r}")
 
+    return run_commands(out, mode, world_size, commands, timeout, outside, poll, until_exited)
+
+
+def run_commands(out: Path, mode: str, world_size: int, commands: dict[str, tuple[list[str], dict[str, str]]],
+                 timeout: float, outside: OutsideSignal | list[OutsideSignal] | None = None, poll: float = 0.05,
+                 until_exited: set[str] | None = None) -> JobResult:
+    """Run a job's ``commands`` (label -> (argv, environment); see :func:`supervise`), sending the ``outside``
+    signals when due, and collect what its ranks wrote."""
+    signals = [] if outside is None else [outside] if isinstance(outside, OutsideSignal) else list(outside)
+
     def send_due_signals(procs: dict[str, subprocess.Popen]) -> None:
         for sig in signals:
             if sig.reached_at is None and _reached(out, sig.rank, sig.batch, sig.phase):
@@ -204,12 +201,30 @@ def run_job(
                 _send(sig, procs, mode)
 
     run = supervise(out, commands, timeout, on_poll=send_due_signals, poll=poll, until_exited=until_exited)
+    return JobResult(mode, world_size, out, run.timed_out, run.returncodes, read_outcomes(out), run.logs,
+                     run.elapsed, signals, run.exited_at)
+
+
+def read_outcomes(out: Path) -> dict[int, dict]:
+    """rank -> what its script wrote in ``out/outcome.rank<R>.json``."""
     outcomes = {}
     for path in out.glob("outcome.rank*.json"):
         data = json.loads(path.read_text())
         outcomes[data["rank"]] = data
-    return JobResult(mode, world_size, out, run.timed_out, run.returncodes, outcomes, run.logs, run.elapsed,
-                     signals, run.exited_at)
+    return outcomes
+
+
+def job_environment(out: Path, world_size: int, extra: dict[str, str]) -> dict[str, str]:
+    """The environment every process of a scenario job starts from (``out`` made, and emptied of an earlier
+    run's outcomes): this one's, without its launcher variables, with ``extra``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")):
+        stale.unlink()
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SCENARIO_OUT": str(out),
+            "SCENARIO_WORLD_SIZE": str(world_size), **extra}
+    for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        base.pop(var, None)
+    return base
 
 
 @dataclasses.dataclass
@@ -332,6 +347,11 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
         for proc in procs.values():
             if proc.poll() is None:
                 signal_pid(proc.pid, outside.signum)
+    elif outside.targets.startswith("node:"):  # a node drain: every process of the node (tests/nodes.py labels)
+        for label, proc in procs.items():
+            if label.split(".")[0] == f"node{outside.targets.split(':')[1]}" and proc.poll() is None:
+                for pid in _tree(proc.pid):
+                    signal_pid(pid, outside.signum)
     elif outside.targets == "rank:0" and mode == "lightning":  # the launcher's own process is rank 0
         signal_pid(procs["launcher"].pid, outside.signum)
     elif outside.targets.startswith("rank:"):

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from harness import free_port
+from nodes import Nodes
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "scancel", "squeue", "sinfo")
@@ -78,8 +79,8 @@ def existing_cluster() -> str | None:
 @dataclasses.dataclass
 class Cluster:
     root: Path
-    node: str
-    pids: dict[str, int]  # daemon -> pid
+    node: str  # its nodes' names, comma-separated
+    pids: dict[str, int]  # daemon ("slurmd:<node>" for each node's) -> pid, in the order they started
     started: float  # time.time() before the first daemon started
 
     @property
@@ -133,9 +134,8 @@ class Cluster:
                 while self.jobs() and time.monotonic() < deadline:
                     time.sleep(0.5)
         finally:
-            for name in reversed(DAEMONS):
-                if name in self.pids:
-                    _end(self.pids[name])
+            for pid in reversed(self.pids.values()):  # the slurmds, slurmctld, munged
+                _end(pid)
             for pid, name in _processes():
                 if name == "slurmstepd" and _started_after(pid, self.started):
                     _end(pid)
@@ -161,11 +161,16 @@ def parse_fields(text: str) -> dict[str, str]:
     return fields
 
 
-def configuration(root: Path, node: str, cpus: int, ports: tuple[int, int]) -> str:
+def configuration(root: Path, nodes: dict[str, str], controller: str, cpus: int, ports: tuple[int, int]) -> str:
+    """``nodes``: name -> the address slurmctld reaches its slurmd at; ``controller``: slurmctld's address (on this
+    machine, whose host name it must be known by)."""
+    names = ",".join(nodes)
+    node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"
+                         for name, address in nodes.items())
     return f"""\
-# Written by tests/slurm_cluster.py: a private one-node cluster for ddp_sigterm's tests.
+# Written by tests/slurm_cluster.py: a private cluster for ddp_sigterm's tests.
 ClusterName=ddpsigterm
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={socket.gethostname().split(".")[0]}({controller})
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}
 SlurmUser=root
@@ -174,11 +179,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/munge.socket
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -194,15 +199,16 @@ KillWait={KILL_WAIT}
 MinJobAge=600
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
-PartitionName=low Nodes={node} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE \
+{node_lines}PartitionName=low Nodes={names} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE \
 GraceTime={GRACE_TIME}
-PartitionName=high Nodes={node} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName=high Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
 
 
-def start(root: Path, timeout: float = 60.0) -> Cluster:
-    """Start a fresh cluster in ``root`` (emptied first) and wait until its node is idle."""
+def start(root: Path, timeout: float = 60.0, nodes: Nodes | None = None) -> Cluster:
+    """Start a fresh cluster in ``root`` (emptied first) and wait until its nodes are idle: this machine,
+    or one slurmd in each of ``nodes``' namespaces (tests/nodes.py), slurmctld on the host at their
+    bridge's address."""
     why = existing_cluster()
     if why:
         raise Unavailable(f"{why}: not starting a second one next to it")
@@ -212,8 +218,11 @@ def start(root: Path, timeout: float = 60.0) -> Cluster:
         shutil.rmtree(root)
     for sub in ("munge", "state", "spool", "log"):
         (root / sub).mkdir(parents=True)
-    node = socket.gethostname().split(".")[0]
-    cluster = Cluster(root, node, {}, time.time())
+    hosts = {name: nodes.address(i) for i, name in enumerate(nodes.names)} if nodes else \
+        {socket.gethostname().split(".")[0]: "127.0.0.1"}
+    for name in hosts:
+        (root / "spool" / name).mkdir()
+    cluster = Cluster(root, ",".join(hosts), {}, time.time())
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
@@ -221,25 +230,32 @@ def start(root: Path, timeout: float = 60.0) -> Cluster:
     # must preempt it
     if (os.cpu_count() or 1) < 2:
         raise Unavailable("the test cluster's node has 2 CPUs: this machine has fewer")
-    cluster.conf.write_text(configuration(root, node, 2, (free_port(), free_port())))
+    controller = nodes.host_address if nodes else "127.0.0.1"
+    cluster.conf.write_text(configuration(root, hosts, controller, 2, (free_port(), free_port())))
     logs = root / "log"
     commands = {
         "munged": ["munged", "--foreground", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={key}",
                    f"--pid-file={root}/munge/munged.pid", f"--log-file={logs}/munged.log",
                    f"--seed-file={root}/munge/munged.seed"],
         "slurmctld": ["slurmctld", "-D", "-i", "-f", str(cluster.conf)],
-        "slurmd": ["slurmd", "-D", "-f", str(cluster.conf), "-N", node],
     }
+    for i, name in enumerate(hosts):  # "slurmd:<node>": one per node, in the node's namespace if it has one
+        argv = [_which("slurmd"), "-D", "-f", str(cluster.conf), "-N", name]
+        commands[f"slurmd:{name}"] = nodes.run_daemon(i, argv) if nodes else argv
+
+    def idle() -> bool:
+        states = cluster.run("sinfo", "--noheader", "--Node", "--format=%T", check=False).split()
+        return len(states) >= len(hosts) and all(state == "idle" for state in states)
+
     try:
         for name, argv in commands.items():
-            with open(logs / f"{name}.out", "w") as out:
-                proc = subprocess.Popen(argv, env=cluster.env, stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True, executable=_which(name))
+            with open(logs / f"{name.replace(':', '-')}.out", "w") as out:
+                proc = subprocess.Popen([_which(argv[0]), *argv[1:]], env=cluster.env, stdout=out,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             cluster.pids[name] = proc.pid
             if name == "munged":
                 cluster.wait_for("munge socket", (root / "munge" / "munge.socket").exists, 10, poll=0.1)
-        cluster.wait_for(f"idle node {node}", lambda: "idle" in cluster.run("sinfo", "--noheader", "--format=%T",
-                                                                            check=False), timeout)
+        cluster.wait_for(f"idle nodes {', '.join(hosts)}", idle, timeout)
     except BaseException:
         cluster.stop()
         raise
@@ -322,7 +338,7 @@ def main(argv: list[str]) -> int:
     pids = {name: int(pid) for name, pid in (item.split("=") for item in (root / "pids").read_text().split())}
     running = dict(_processes())
     # only pids that still run the daemon `up` started there (a pid may have been reused since)
-    ours = {name: pid for name, pid in pids.items() if running.get(pid) == name}
+    ours = {name: pid for name, pid in pids.items() if running.get(pid) == name.split(":")[0]}
     Cluster(root, "", ours, (root / "pids").stat().st_mtime - 5).stop()
     return 0
 

@@ -1,0 +1,302 @@
+"""Multi-node jobs across network namespaces (tests/nodes.py): 2 nodes x 2 ranks, ``Trainer(num_nodes=2,
+devices=2)``, started as each launcher starts them, stopped by a SIGTERM to one rank of node 2 or by a drain
+of node 2, then resumed on both nodes to an uninterrupted run's weights; and Gloo's multi-node pitfalls,
+stock / package / patched. Run by ``make test-multinode`` (root; marker ``multinode``, not in ``make test``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import nodes
+import pytest
+import slurm_cluster
+import torch
+from harness import JobResult, OutsideSignal, Supervised, signal_pid, supervise
+from helpers import HANG_BOUND, MUST_FINISH, SIGTERM_EXIT, assert_finished, per_rank, saved_step, steps_done
+
+pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
+
+HERE = Path(__file__).resolve().parent
+EXAMPLES = HERE.parent / "examples"
+NODES, DEVICES = 2, 2
+WORLD = NODES * DEVICES
+MAX_STEPS = 20
+# Steps of 50 ms: the stop comes well before the end. The final weights are compared within float32's tolerance,
+# not bit for bit: with 4 ranks the gradients' sum depends on the order gloo adds them in (see SCENARIO_KEEP_WEIGHTS).
+JOB = {"DDP_SIGTERM_RESUME": "1", "SCENARIO_DATA_BY_STEP": "1", "SCENARIO_BATCHES": "10", "SCENARIO_STEP_SLEEP": "0.05",
+       "SCENARIO_MAX_STEPS": str(MAX_STEPS), "SCENARIO_KEEP_WEIGHTS": "1"}
+PORT = nodes.PORT
+PYTHONS = {"stock": sys.executable, "package": sys.executable, "patched": os.environ.get("MULTINODE_PATCHED_PYTHON")}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> nodes.Nodes:
+    why = nodes.available()
+    if why:
+        if os.environ.get("MULTINODE_REQUIRED") == "1":
+            pytest.fail(f"make test-multinode cannot run here: {why}")
+        pytest.skip(f"multi-node tests skipped: {why}")
+    with nodes.nodes(NODES, dead=True) as made:
+        yield made
+
+
+def node_job(out: Path, cluster: nodes.Nodes, launcher: str, env: dict[str, str] | None = None, **kwargs: Any
+             ) -> JobResult:
+    """A scenario job of ``DEVICES`` ranks on each node (see :func:`nodes.job`), configured as every test here is."""
+    return nodes.job(out, cluster, launcher, DEVICES, env={**JOB, **(env or {})}, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def straight_weights(cluster: nodes.Nodes, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The weights of an uninterrupted run across the nodes: what every resumed run must end with."""
+    root = tmp_path_factory.mktemp("straight")
+    straight = node_job(root / "run", cluster, "independent", env={"SCENARIO_ROOT_DIR": str(root)})
+    assert_finished(straight, steps=MAX_STEPS)
+    return final_weights(straight)
+
+
+def final_weights(result: JobResult) -> dict[str, torch.Tensor]:
+    """Rank 0's final weights, after checking that every rank ended with the same ones."""
+    assert len({o["weights"] for o in result.outcomes.values()}) == 1, result.describe()
+    return torch.load(result.out / "weights.rank0.pt")
+
+
+def assert_stopped_in_unison(result: JobResult, root: Path) -> None:
+    """Every rank on both nodes stopped at one step with 128 + SIGTERM, and one checkpoint was saved in ``root``."""
+    why = result.describe()
+    assert not result.timed_out, why
+    assert sorted(result.outcomes) == list(range(WORLD)), why
+    assert {o["exit_code"] for o in result.outcomes.values()} == {SIGTERM_EXIT}, why
+    (step,) = set(result.steps().values())
+    assert 0 < step < MAX_STEPS, why
+    assert len(list(root.glob("hpc_ckpt_*.ckpt"))) == 1, why
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "independent", "lightning"])
+@pytest.mark.parametrize("how", ["rank", "drain"])
+def test_stop_on_node_2_stops_both_nodes_and_resumes(cluster: nodes.Nodes, straight_weights: dict[str, torch.Tensor],
+                                                    tmp_path: Path, launcher: str, how: str) -> None:
+    """SIGTERM to global rank 3 alone (``rank``), or to every process of node 2 at once (``drain``, as a
+    node drain or a spot reclaim does): all four ranks stop at one step, exit 143, one checkpoint; the same
+    command on both nodes then resumes it and ends with the uninterrupted run's weights."""
+    env = {"SCENARIO_ROOT_DIR": str(tmp_path)}
+    if how == "rank":
+        stopped = node_job(tmp_path / "stop", cluster, launcher, env={**env, "SCENARIO_INJECT": "3:3:forward"})
+    else:
+        stopped = node_job(tmp_path / "stop", cluster, launcher, env=env,
+                           outside=OutsideSignal(rank=2, batch=3, targets="node:1"))
+    assert_stopped_in_unison(stopped, tmp_path)
+    codes = set(stopped.returncodes.values())
+    # torchrun's agents exit 1 for any failed worker (docs/torchrun.md); every other process exits as its rank
+    assert codes == ({1} if launcher == "torchrun" else {SIGTERM_EXIT}), stopped.describe()
+    resumed = node_job(tmp_path / "resume", cluster, launcher, env=env)
+    assert_finished(resumed, steps=MAX_STEPS)
+    assert min(o["batches_started"] for o in resumed.outcomes.values()) < MAX_STEPS, "it did not resume"
+    torch.testing.assert_close(final_weights(resumed), straight_weights)
+
+
+@pytest.mark.parametrize("example", ["plain_torch", "fabric"])
+def test_example_stops_across_nodes_and_resumes(cluster: nodes.Nodes, tmp_path: Path, example: str) -> None:
+    """examples/plain_torch.py (torch.distributed and the core) and examples/fabric.py under torchrun on both
+    nodes: SIGTERM to global rank 3 after its step 3, every rank stops at one step, one checkpoint holds it; the
+    same command resumes there on both nodes and finishes."""
+    root = tmp_path / "checkpoints"
+    stopped = example_job(tmp_path / "stop", cluster, example, root, signal_rank=3)
+    text, why = stopped.output(), stopped.output()[-6000:]
+    stops = per_rank(r"stopped at step (\d+)", text)
+    assert sorted(stops) == list(range(WORLD)), why
+    assert len(set(stops.values())) == 1, why
+    assert re.findall(r"exit (\d+)", text) == [str(SIGTERM_EXIT)] * WORLD, why
+    (step,) = set(stops.values())
+    _, saved = saved_step(example, root)
+    assert saved == step, why
+    resumed = example_job(tmp_path / "resume", cluster, example, root, signal_rank=None)
+    text, why = resumed.output(), resumed.output()[-6000:]
+    assert per_rank(r"pid \d+, starting at step (\d+)", text) == dict.fromkeys(range(WORLD), step), why
+    assert per_rank(r"finished at step (\d+)", text) == dict.fromkeys(range(WORLD), EXAMPLE_STEPS), why
+    assert set(resumed.returncodes.values()) == {0}, why
+
+
+EXAMPLE_STEPS = 60
+
+
+def example_job(out: Path, cluster: nodes.Nodes, example: str, root: Path, signal_rank: int | None) -> Supervised:
+    """An example under torchrun on every node; SIGTERM to ``signal_rank``'s process after its step 3."""
+    out.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    commands = {}
+    for node in range(NODES):
+        args = [str(EXAMPLES / f"{example}.py"), "--root", str(root), "--max-steps", str(EXAMPLE_STEPS),
+                *(["--num-nodes", str(NODES)] if example == "fabric" else [])]
+        commands[f"node{node}"] = (cluster.torchrun(node, DEVICES, args), env)
+    sent: list[int] = []
+
+    def signal_after_step_3(procs: dict) -> None:
+        if signal_rank is None or sent:
+            return
+        text = "".join(path.read_text(errors="replace") for path in out.glob("node*.log"))
+        pid = re.search(rf"\[rank {signal_rank}\] pid (\d+),", text)
+        if pid and re.search(rf"\[rank {signal_rank}\] step 3(?!\d)", text):
+            signal_pid(int(pid.group(1)), signal.SIGTERM)
+            sent.append(int(pid.group(1)))
+
+    result = supervise(out, commands, MUST_FINISH, on_poll=signal_after_step_3)
+    assert not result.timed_out, result.output()[-6000:]
+    assert signal_rank is None or sent, result.output()[-6000:]
+    return result
+
+
+# -- SLURM on two nodes ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slurm(cluster: nodes.Nodes, tmp_path_factory: pytest.TempPathFactory) -> slurm_cluster.Cluster:
+    """A SLURM cluster of the two nodes: one slurmd in each namespace, slurmctld on the host (at the bridge's
+    address), started for these tests and stopped, every daemon by pid, at their end."""
+    try:
+        slurm_cluster.install()
+        started = slurm_cluster.start(tmp_path_factory.mktemp("slurm"), nodes=cluster)
+    except slurm_cluster.Unavailable as why:
+        if os.environ.get("MULTINODE_REQUIRED") == "1":
+            pytest.fail(f"MULTINODE_REQUIRED=1, but no SLURM cluster can run here: {why}", pytrace=False)
+        pytest.skip(f"no SLURM cluster here: {why}")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def test_slurm_preempts_both_nodes_requeues_and_resumes(slurm: slurm_cluster.Cluster, tmp_path: Path) -> None:
+    """``sbatch --nodes=2 --ntasks-per-node=2`` (examples/slurm/trainer.sbatch, ``Trainer(num_nodes=2)``) in the
+    preemptible partition; a job of the high partition needs one of its CPUs. SLURM sends SIGTERM to every task on
+    both nodes with GraceTime to go: the four ranks stop at one step, save, global rank 0 requeues the job, every
+    task exits 143 well within GraceTime. Started again, it resumes on both nodes and finishes with max_steps."""
+    max_steps = 400
+    root = tmp_path / "checkpoints"
+    env = {**slurm.env, "PYTHON": sys.executable, "ROOT": str(root), "PYTHONUNBUFFERED": "1", "MASTER_PORT": PORT}
+    job = subprocess.run(["sbatch", "--parsable", f"--chdir={HERE.parent}", f"--output={tmp_path}/slurm-%j.out",
+                          "--partition=low", f"--nodes={NODES}", f"--ntasks-per-node={DEVICES}",
+                          str(EXAMPLES / "slurm" / "trainer.sbatch"), "--num-nodes", str(NODES), "--max-steps",
+                          str(max_steps), "--step-seconds", "0.05"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    out = tmp_path / f"slurm-{job}.out"
+
+    def text() -> str:
+        return out.read_text(errors="replace") if out.exists() else ""
+
+    def why() -> str:
+        return f"{slurm.run('scontrol', 'show', 'job', job, check=False)}\n{text()[-6000:]}\n{slurm.diagnosis()}"
+
+    def wait(what: str, predicate, timeout: float = MUST_FINISH):
+        try:
+            return slurm.wait_for(what, predicate, timeout)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}\n{why()}") from None
+
+    wait("step 20 on every rank", lambda: all(step >= 20 for step in per_rank_last_step(text()).values())
+         and len(per_rank_last_step(text())) == WORLD)
+    high = slurm.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp_path}/high-%j.out",
+                     "--wrap=sleep 5").strip()
+    preempting = time.monotonic()
+    wait("the requeue", lambda: (lambda f: f.get("Restarts") == "1" and f.get("JobState") == "PENDING")(
+        slurm.job(job)), slurm_cluster.GRACE_TIME + 30)
+    requeued_in = time.monotonic() - preempting
+    first = text()
+    stops = per_rank(r"stopped at step (\d+)", first)
+    assert sorted(stops) == list(range(WORLD)), why()
+    assert len(set(stops.values())) == 1, why()
+    (step,) = set(stops.values())
+    assert "requeued: SLURM is preempting it" in first, why()
+    assert requeued_in < slurm_cluster.GRACE_TIME, why()
+    wait(f"end of the high job {high}", lambda: slurm.job(high).get("JobState") == "COMPLETED", 60)
+    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # a requeued job waits ~2 min otherwise
+    fields = wait("the job's end", lambda: (lambda f: f if f.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED",
+                                                                                  "TIMEOUT") else None)(slurm.job(job)))
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why()
+    second = text()[len(first):]
+    assert per_rank(r"pid \d+, starting at step (\d+)", second) == dict.fromkeys(range(WORLD), step), why()
+    assert per_rank(r"finished at step (\d+)", second) == dict.fromkeys(range(WORLD), max_steps), why()
+    for node in slurm.node.split(","):  # each run's tasks ran on both nodes (each slurmd launched them)
+        log = (slurm.root / "log" / f"slurmd-{node}.log").read_text()
+        assert log.count(f"launch task StepId={job}.0 request") == 2, f"{node}: {log}"
+    print(f"two-node SLURM job {job}: stopped at step {step}, requeued {requeued_in:.1f} s after the high job's "
+          f"sbatch (GraceTime={slurm_cluster.GRACE_TIME}), then finished at step {max_steps}")
+
+
+def per_rank_last_step(text: str) -> dict[int, int]:
+    return {rank: max(steps) for rank, steps in steps_done(text).items()}
+
+
+# -- Gloo's pitfalls -------------------------------------------------------------------------------------------
+def three_ways(out: Path, cluster: nodes.Nodes, timeout: float, env: dict[str, str] | None = None,
+               package_env: dict[str, str] | None = None) -> dict[str, JobResult]:
+    """The same no-signal job, stock (the package switched off), with the package and with the patched Lightning,
+    run at once (node 0's port differs), each to its end or ``timeout``."""
+    runs = {"stock": {"DDP_SIGTERM": "0"}, "package": package_env or {}, "patched": {}}
+    if PYTHONS["patched"] is None:
+        pytest.fail("MULTINODE_PATCHED_PYTHON is not set: make test-multinode sets it to the patched Lightning's venv")
+
+    def one(name: str) -> JobResult:
+        extra = {"SCENARIO_IMPLEMENTATION": "patched"} if name == "patched" else {}
+        return node_job(out / name, cluster, "independent", timeout=timeout, python=PYTHONS[name],
+                        env={"SCENARIO_ROOT_DIR": str(out / name), **(env or {}), **runs[name], **extra},
+                        port=str(int(PORT) + list(runs).index(name)))
+
+    with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
+        return dict(zip(runs, pool.map(one, runs)))
+
+
+def trained(result: JobResult) -> bool:
+    """Whether any rank started a training batch."""
+    return any("train " in path.read_text() for path in result.out.glob("progress.rank*"))
+
+
+@pytest.mark.parametrize("pitfall", ["loopback", "second-interface"])
+def test_gloo_cannot_connect_stock_package_and_patched_alike(cluster: nodes.Nodes, tmp_path: Path,
+                                                             pitfall: str) -> None:
+    """Every node's host name resolves to a loopback address (127.0.1.1, Debian's default), or node 2's to its
+    second interface, which node 1 cannot reach. Gloo advertises that address, so the training's own process
+    group cannot form: stock, package and patched Lightning fail alike, before any step and before the package
+    makes anything (some ranks fail within seconds, the others wait). Naming the interface that reaches the
+    other nodes (GLOO_SOCKET_IFNAME=eth0) is the fix, and with it the same job trains to its end. (Node 2 alone
+    on a loopback address connects: Gloo's pairs connect from the greater address to the smaller one, and
+    127.0.1.1 reaches node 1's 10.213.x.1.)"""
+    mapped = [0, 1] if pitfall == "loopback" else [1]
+    for node in mapped:
+        cluster.map_hostname(node, "127.0.1.1" if pitfall == "loopback" else cluster.dead_address(node))
+    try:
+        results = three_ways(tmp_path / "bad", cluster, timeout=HANG_BOUND)
+        for name, result in results.items():
+            why = f"{name}:\n{result.describe()}"
+            assert not trained(result), why
+            assert result.timed_out or set(result.returncodes.values()) != {0}, why
+            print(f"{pitfall}, {name}: exit codes {result.returncodes}, timed out: {result.timed_out}")
+        fixed = node_job(tmp_path / "fixed", cluster, "independent", env={"GLOO_SOCKET_IFNAME": "eth0",
+                                                                          "SCENARIO_ROOT_DIR": str(tmp_path)})
+        assert_finished(fixed, steps=MAX_STEPS)
+    finally:
+        for node in mapped:
+            cluster.map_hostname(node, cluster.address(node))
+
+
+def test_package_group_that_cannot_connect_steps_aside(cluster: nodes.Nodes, tmp_path: Path) -> None:
+    """The training's group connects, the package's cannot: once the training's group is made, rank 3 makes its
+    later gloo groups on eth1, which node 1 cannot reach (what an NCCL job whose gloo picks the wrong interface
+    meets). Stock and patched Lightning make no group of their own and finish; the package, within
+    connect_timeout, steps aside on every rank with one warning that names GLOO_SOCKET_IFNAME, and finishes too."""
+    results = three_ways(tmp_path, cluster, timeout=MUST_FINISH, env={"SCENARIO_GLOO_IFNAME": "3:eth1"},
+                         package_env={"DDP_SIGTERM_CONNECT_TIMEOUT": "4"})
+    for name, result in results.items():
+        assert_finished(result, steps=MAX_STEPS, stock=True)
+    package = results["package"]
+    output = "".join(package.log(label) for label in package.logs)
+    assert output.count("ddp_sigterm steps aside for this run") == 1, package.describe()
+    assert "GLOO_SOCKET_IFNAME=" in output, package.describe()
+    assert "global rank 0: " in output, package.describe()
