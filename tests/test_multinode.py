@@ -1,7 +1,8 @@
 """Multi-node jobs across network namespaces (tests/nodes.py): 2 nodes x 2 ranks, ``Trainer(num_nodes=2,
 devices=2)``, started as each launcher starts them, stopped by a SIGTERM to one rank of node 2 or by a drain
-of node 2, then resumed on both nodes to an uninterrupted run's weights; and Gloo's multi-node pitfalls,
-stock / package / patched. Run by ``make test-multinode`` (root; marker ``multinode``, not in ``make test``).
+of node 2, then resumed on both nodes to an uninterrupted run's weights; the plain torch and Fabric examples
+under torchrun; a two-node SLURM cluster's preemption and requeue; and Gloo's multi-node pitfalls, stock /
+package / patched. Run by ``make test-multinode`` (root; marker ``multinode``, not in ``make test``).
 """
 
 from __future__ import annotations
