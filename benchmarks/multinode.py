@@ -28,7 +28,7 @@ DEVICES = 2
 
 def measure(count: int, out: Path) -> dict[str, float]:
     last = count * DEVICES - 1
-    with nodes.nodes(count) as cluster:
+    with nodes.Nodes(count) as cluster:
         result = nodes.job(out, cluster, "independent", DEVICES, timeout=600, env={
             "DDP_SIGTERM_LOG_LEVEL": "DEBUG", "SCENARIO_MAX_STEPS": "400", "SCENARIO_BATCHES": "400",
             "SCENARIO_STEP_SLEEP": "0.05", "SCENARIO_INJECT": f"{last}:3:forward"})

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -338,20 +338,15 @@ def _reached(out: Path, rank: int, batch: int, phase: str = "train") -> bool:
 
 def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str) -> None:
     outside.sent_at = time.monotonic()
-    if outside.targets == "all":
-        for proc in procs.values():
-            # like SLURM: every process of the job step, DataLoader workers included
-            for pid in _tree(proc.pid) if proc.poll() is None else ():
-                signal_pid(pid, outside.signum)
+    if outside.targets == "all":  # like SLURM: every process of the job step, DataLoader workers included
+        _signal_trees(procs.values(), outside.signum)
     elif outside.targets == "pods":
         for proc in procs.values():
             if proc.poll() is None:
                 signal_pid(proc.pid, outside.signum)
     elif outside.targets.startswith("node:"):  # a node drain: every process of the node (tests/nodes.py labels)
-        for label, proc in procs.items():
-            if label.split(".")[0] == f"node{outside.targets.split(':')[1]}" and proc.poll() is None:
-                for pid in _tree(proc.pid):
-                    signal_pid(pid, outside.signum)
+        node = f"node{outside.targets.split(':')[1]}"
+        _signal_trees([proc for label, proc in procs.items() if label.split(".")[0] == node], outside.signum)
     elif outside.targets == "rank:0" and mode == "lightning":  # the launcher's own process is rank 0
         signal_pid(procs["launcher"].pid, outside.signum)
     elif outside.targets.startswith("rank:"):
@@ -360,6 +355,13 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
         signal_pid(procs[f"rank{outside.targets.split(':')[1]}"].pid, outside.signum)
     else:
         raise ValueError(f"unknown targets {outside.targets!r}")
+
+
+def _signal_trees(procs: Iterable[subprocess.Popen], signum: int) -> None:
+    """Send ``signum`` to each of ``procs`` that still runs and to all its descendants."""
+    for proc in procs:
+        for pid in _tree(proc.pid) if proc.poll() is None else ():
+            signal_pid(pid, signum)
 
 
 def _process_table(with_zombies: bool = True) -> dict[int, tuple[int, int]]:

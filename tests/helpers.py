@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import injection
 import torch
-from harness import JobResult, run_job, stop_checkpoints
+from harness import JobResult, run_job, signal_pid, stop_checkpoints
 
 # What must finish gets a generous bound (2 busy cores); what must not hang has its own, short one.
 MUST_FINISH = 180.0
@@ -155,6 +156,25 @@ def assert_plain_loop_stopped(result: JobResult, ranks: tuple[int, ...] = (0, 1)
 
 
 # -- the examples' output ("[rank R] ..." lines) ---------------------------------------------------
+
+class SignalAfterStep:
+    """An ``on_poll`` for :func:`harness.supervise`: once the examples' output (``text()``) shows that rank
+    ``rank`` has done step ``step``, send ``signum`` to that rank's process (its ``[rank R] pid P`` line),
+    once; ``sent`` holds the pid it signalled."""
+
+    def __init__(self, text: Callable[[], str], rank: int, step: int, signum: int = signal.SIGTERM) -> None:
+        self.text, self.rank, self.step, self.signum = text, rank, step, signum
+        self.sent: list[int] = []
+
+    def __call__(self, procs: object) -> None:
+        if self.sent:
+            return
+        text = self.text()
+        pid = re.search(rf"\[rank {self.rank}\] pid (\d+),", text)
+        if pid and re.search(rf"\[rank {self.rank}\] step {self.step}(?!\d)", text):
+            signal_pid(int(pid.group(1)), self.signum)
+            self.sent.append(int(pid.group(1)))
+
 
 def per_rank(pattern: str, text: str) -> dict[int, int]:
     """rank -> the number in the first line matching ``[rank R] <pattern>`` (pattern has one group)."""

@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from harness import SCRIPT, JobResult, OutsideSignal, job_environment, run_commands
@@ -186,12 +185,6 @@ def job(out: Path, cluster: Nodes, launcher: str, devices: int, env: dict[str, s
         else:
             raise ValueError(f"unknown launcher {launcher!r}")
     return run_commands(out, launcher, world, commands, timeout, outside)
-
-
-@contextlib.contextmanager
-def nodes(count: int, dead: bool = False) -> Iterator[Nodes]:
-    with Nodes(count, dead) as made:
-        yield made
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import PYTHON, Supervised, free_port, signal_pid, supervise
-from helpers import per_rank, saved_step, steps_done, torchrun_restarts
+from harness import PYTHON, Supervised, free_port, supervise
+from helpers import SignalAfterStep, per_rank, saved_step, steps_done, torchrun_restarts
 
 pytestmark = pytest.mark.scenario
 
@@ -51,24 +51,16 @@ def run(example: str, launcher: str, out: Path, root: Path, signal_rank: int | N
            "MASTER_PORT": str(free_port()), **(env or {})}
     for var in ("WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(var, None)
-    sent: list[int] = []
-
-    def signal_rank_after_step(procs) -> None:
-        if signal_rank is None or sent:
-            return
-        text = (out / f"{label}.log").read_text(errors="replace")
-        pid = re.search(rf"\[rank {signal_rank}\] pid (\d+),", text)
-        if pid and re.search(rf"\[rank {signal_rank}\] step {SIGNAL_AFTER_STEP}(?!\d)", text):
-            signal_pid(int(pid.group(1)), signum)
-            sent.append(int(pid.group(1)))
-
+    log = out / f"{label}.log"
+    signalled = SignalAfterStep(lambda: log.read_text(errors="replace"), signal_rank, SIGNAL_AFTER_STEP, signum) \
+        if signal_rank is not None else None
     out.mkdir(parents=True, exist_ok=True)
     # the launcher is rank 0: give the ranks it started time to finish their own exit too
-    result = supervise(out, {label: (argv, env)}, MUST_FINISH, on_poll=signal_rank_after_step, linger=30.0)
+    result = supervise(out, {label: (argv, env)}, MUST_FINISH, on_poll=signalled, linger=30.0)
     assert not result.timed_out, f"{example} did not finish in {MUST_FINISH} s\n{tail(result)}"
     assert not result.left_behind, f"processes {result.left_behind} outlived the launcher by 30 s\n{tail(result)}"
-    if signal_rank is not None:
-        assert sent, f"rank {signal_rank} never reached step {SIGNAL_AFTER_STEP}\n{tail(result)}"
+    if signalled is not None:
+        assert signalled.sent, f"rank {signal_rank} never reached step {SIGNAL_AFTER_STEP}\n{tail(result)}"
     return result
 
 

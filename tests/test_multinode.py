@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,8 +20,17 @@ import nodes
 import pytest
 import slurm_cluster
 import torch
-from harness import JobResult, OutsideSignal, Supervised, signal_pid, supervise
-from helpers import HANG_BOUND, MUST_FINISH, SIGTERM_EXIT, assert_finished, per_rank, saved_step, steps_done
+from harness import JobResult, OutsideSignal, Supervised, supervise
+from helpers import (
+    HANG_BOUND,
+    MUST_FINISH,
+    SIGTERM_EXIT,
+    SignalAfterStep,
+    assert_finished,
+    per_rank,
+    saved_step,
+    steps_done,
+)
 
 pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
 
@@ -46,7 +54,7 @@ def cluster() -> nodes.Nodes:
         if os.environ.get("MULTINODE_REQUIRED") == "1":
             pytest.fail(f"make test-multinode cannot run here: {why}")
         pytest.skip(f"multi-node tests skipped: {why}")
-    with nodes.nodes(NODES, dead=True) as made:
+    with nodes.Nodes(NODES, dead=True) as made:
         yield made
 
 
@@ -139,20 +147,11 @@ def example_job(out: Path, cluster: nodes.Nodes, example: str, root: Path, signa
         args = [str(EXAMPLES / f"{example}.py"), "--root", str(root), "--max-steps", str(EXAMPLE_STEPS),
                 *(["--num-nodes", str(NODES)] if example == "fabric" else [])]
         commands[f"node{node}"] = (cluster.torchrun(node, DEVICES, args), env)
-    sent: list[int] = []
-
-    def signal_after_step_3(procs: dict) -> None:
-        if signal_rank is None or sent:
-            return
-        text = "".join(path.read_text(errors="replace") for path in out.glob("node*.log"))
-        pid = re.search(rf"\[rank {signal_rank}\] pid (\d+),", text)
-        if pid and re.search(rf"\[rank {signal_rank}\] step 3(?!\d)", text):
-            signal_pid(int(pid.group(1)), signal.SIGTERM)
-            sent.append(int(pid.group(1)))
-
-    result = supervise(out, commands, MUST_FINISH, on_poll=signal_after_step_3)
+    signalled = SignalAfterStep(lambda: "".join(path.read_text(errors="replace") for path in out.glob("node*.log")),
+                                signal_rank, 3) if signal_rank is not None else None
+    result = supervise(out, commands, MUST_FINISH, on_poll=signalled)
     assert not result.timed_out, result.output()[-6000:]
-    assert signal_rank is None or sent, result.output()[-6000:]
+    assert signalled is None or signalled.sent, result.output()[-6000:]
     return result
 
 
