@@ -10,9 +10,6 @@ turns (rotated every round, the same schedule on every rank since it follows the
 * ``package``: ddp_sigterm with its defaults;
 * ``patched``: the patched Lightning's check at the end of every batch (in the patched environment).
 
-The package's cadence clock is paused while the other modes run, so that it sees one continuous
-run of its own steps, as in training.
-
 Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
 (it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
 to the next one's; a block's first and last steps are dropped (a mode switch falls there).
@@ -93,25 +90,12 @@ class Modes(Callback):
         step = trainer.global_step
         if step % BLOCK == 0:
             turn = step // BLOCK
-            previous, self.mode = self.mode, MODES[(turn + turn // len(MODES)) % len(MODES)]
-            if previous != self.mode:
-                self._pause_cadence(trainer, previous, self.mode)
+            self.mode = MODES[(turn + turn // len(MODES)) % len(MODES)]
         self.starts.append((self.mode, time.perf_counter()))
-
-    def _pause_cadence(self, trainer, leaving: str, entering: str) -> None:
-        """Shift the measuring window of the package's cadence by the time its mode was off (it measures
-        time per step boundary, and the other modes' steps pass no boundary of its own). The patched
-        Lightning has no cadence: it agrees at the end of every batch."""
-        now = time.monotonic()
-        if leaving == "package":
-            self.paused_at = now
-        coordinator = None if self.package is None else self.package._coordinator
-        if entering == "package" and getattr(self, "paused_at", None) is not None and coordinator is not None:
-            coordinator._window_start += now - self.paused_at
 
     def durations(self) -> dict[str, list[float]]:
         found: dict[str, list[float]] = {mode: [] for mode in MODES}
-        warm = BLOCK * len(MODES)  # the first round warms up data loading, caches and the cadence
+        warm = BLOCK * len(MODES)  # the first round warms up data loading and caches
         for i in range(max(warm, 1), len(self.starts) - 1):
             mode, start = self.starts[i]
             if self.starts[i - 1][0] == mode and self.starts[i + 1][0] == mode:

@@ -21,33 +21,15 @@ from ddp_sigterm import StopCoordinator
 ENV = os.environ
 OUT = ENV["SCENARIO_OUT"]
 INJECT = injection.parse(ENV.get("SCENARIO_INJECT", ""))  # phase "forward": before the step's forward
-# SCENARIO_GROUP_RANKS="0,1": only these ranks train, on a process group of their own, and first run one short
-# loop without a signal (a second coordinator of the same ranks then follows the first); the others idle.
-GROUP_RANKS = [int(r) for r in ENV["SCENARIO_GROUP_RANKS"].split(",")] if ENV.get("SCENARIO_GROUP_RANKS") else None
 
 
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    group = dist.new_group(GROUP_RANKS) if GROUP_RANKS else None  # every rank takes part in making it
-    if GROUP_RANKS and rank not in GROUP_RANKS:
-        with open(os.path.join(OUT, f"outcome.rank{rank}.json"), "w") as f:
-            json.dump({"rank": rank, "exit_code": 0, "idle": True}, f)
-        dist.destroy_process_group()
-        return
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1), process_group=group)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    if GROUP_RANKS:
-        first = StopCoordinator(group=group)
-        first.start()
-        for step in range(1, 4):
-            assert not first.should_stop(step)
-        assert not first.decide_now(3)
-        first.close()
-        if rank == GROUP_RANKS[-1]:
-            time.sleep(1.0)  # comes to the second loop later than the others: its first groups are gone by then
-    stop = StopCoordinator(group=group)
+    stop = StopCoordinator()
     stop.start()
     outcome = {"rank": rank, "exit_code": 0, "stopped_at": None, "stop": None, "injected_at": None}
     step = 0
@@ -55,7 +37,7 @@ def main() -> None:
     def stop_here() -> None:
         if rank == 0:
             torch.save({"step": step, "model": model.module.state_dict()}, os.path.join(OUT, f"step{step}.pt"))
-        dist.barrier(group=group)
+        dist.barrier()
         outcome.update(stopped_at=step, exit_code=stop.exit_code, stop=dataclasses.asdict(stop.agreed))
         raise SystemExit(stop.exit_code)
 

@@ -62,7 +62,7 @@ def lightning(request) -> SimpleNamespace:
         def on_train_start(self, trainer, pl_module):
             self.active = [cb for cb in trainer.callbacks
                            if isinstance(cb, ours.UnisonStop) and cb._coordinator is not None]
-            self.recorder = self.active[0]._coordinator.recorder if self.active else None
+            self.record = self.active[0]._coordinator.record if self.active else None
             self.notifier = trainer._signal_connector.__dict__.get("_sigterm_notifier_fn")
             self.broadcast = trainer.fit_loop.epoch_loop.__dict__.get("_broadcast_sigterm_tensor")
             self.handler = signal.getsignal(signal.SIGTERM)
@@ -87,7 +87,7 @@ def test_explicit_callback_wins_and_lightning_hooks_are_restored(lightning, tmp_
     assert probe.active == [explicit]  # the auto-registered instance stepped aside
     assert explicit.settings.max_delay == 0.5
     # Lightning's notifier (a broadcast in the handler from 2.5.2) is the recorder of the run's coordinator
-    assert probe.notifier == probe.recorder.record
+    assert probe.notifier == probe.record
     # Lightning's per-batch broadcast (from 2.5.2) is switched off
     if internals.at_least(explicit.lightning.distribution, "2.5.2"):
         assert probe.broadcast is internals._no_broadcast
@@ -170,6 +170,17 @@ def test_bad_environment_fails_when_the_trainer_is_built(lightning, tmp_path, mo
     monkeypatch.setenv("DDP_SIGTERM_MAX_DELAY", "0")
     with pytest.raises(SettingsError, match="max_delay must be a positive number"):
         trainer_with(lightning, tmp_path=tmp_path)
+
+
+def test_a_misspelt_variable_only_warns_where_the_package_does_not_act(lightning, tmp_path, monkeypatch) -> None:
+    """A one-device Trainer, which the package never acts on, trains with a typo'd DDP_SIGTERM_* variable
+    in the environment and is told about it; a multi-process run fails before training
+    (tests/test_faults.py::test_bad_settings_stop_the_job_before_training_with_the_reason)."""
+    monkeypatch.setenv("DDP_SIGTERM_STOP_DEADLIN", "600")
+    with pytest.warns(UserWarning, match=r"Unknown environment variable\(s\) DDP_SIGTERM_STOP_DEADLIN; known: "):
+        trainer = trainer_with(lightning, tmp_path=tmp_path)
+    trainer.fit(lightning.Tiny())
+    assert trainer.global_step == 2
 
 
 # -- Fabric ----------------------------------------------------------------------------------------

@@ -146,18 +146,6 @@ def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
     assert_latency(result)
 
 
-def test_plain_loop_on_a_subset_of_the_ranks(tmp_path: Path) -> None:
-    """``StopCoordinator(group=...)`` over ranks 0 and 1 of 3: only they create its groups (rank 2 never
-    does, and has left), a second coordinator of the same ranks follows a first one, and SIGTERM to rank
-    1 stops both at the same step."""
-    result = run_job(tmp_path, mode="torchrun", world_size=3, timeout=MUST_FINISH, script=HERE / "plain_loop.py",
-                     scenario={"SCENARIO_INJECT": "1:3", "SCENARIO_MAX_STEPS": "80", "SCENARIO_GROUP_RANKS": "0,1"})
-    assert_stopped_after(assert_plain_loop_stopped(result, ranks=(0, 1)), 3)
-    idle = result.outcomes[2]
-    assert idle.get("idle"), result.describe()
-    assert idle["exit_code"] == 0, result.describe()
-
-
 @pytest.mark.versions
 @pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])

@@ -19,27 +19,24 @@ Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 
 import torch.distributed as dist
 
-from ddp_sigterm._core import exit_codes, log, torchelastic
-from ddp_sigterm._core.agreement import Agreement, GroupUnavailable, cpu_groups, destroy_default_group_at_exit, members
-from ddp_sigterm._core.cadence import Cadence
+from ddp_sigterm._core import exit_codes, log, process, torchelastic
+from ddp_sigterm._core.agreement import Agreement
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.heartbeat import Heartbeat
 from ddp_sigterm._core.settings import Settings
-from ddp_sigterm._core.signals import SignalRecorder, default_action, ignore_until_exit
-
-HEARTBEAT_SECONDS = 0.5
-"""The heartbeat's period at most (``max_delay / 2`` when smaller): it also bounds how long the first rank to
-end a run waits at ``close()`` for the others' heartbeat to end."""
+from ddp_sigterm._core.signals import SignalRecorder, default_action
 
 # Seconds close() waits, beyond one heartbeat period, for the heartbeat to end on a peer that is late.
 _CLOSE_SECONDS = 5.0
@@ -69,45 +66,36 @@ class StopCoordinator:
     """Records stop signals and agrees, across ranks, at which step boundary everyone stops."""
 
     def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None,
-                 group: dist.ProcessGroup | None = None, distributed: bool = True,
-                 on_decided: Sequence[Callable[[StopDecision], None]] = ()) -> None:
+                 distributed: bool = True, on_decided: Sequence[Callable[[StopDecision], None]] = ()) -> None:
         """``requeue_signal``: a signal that also asks for the job to be requeued (SLURM's, when the
         job requeues itself); it stops like the others and sets ``decision.requeue`` on every rank.
 
-        ``group``: the ranks that agree, those of the loop this coordinator serves (None: every rank of
-        the default group). ``distributed=False``: this process alone, with no collective at all,
-        whatever ``torch.distributed`` says (a one-device run in a process that also ran a multi-device
-        one).
+        The ranks that agree are those of the default process group. ``distributed=False``: this process
+        alone, with no collective at all, whatever ``torch.distributed`` says (a one-device run in a
+        process that also ran a multi-device one).
 
         ``on_decided``: called in order with the decision as soon as a stop is agreed, on every rank,
         before ``should_stop`` returns True (an integration's part of the stop, such as retiring
         Lightning's launcher watch); an exception propagates."""
         self.settings = settings if settings is not None else Settings.resolve()
-        self._group, self._distributed = group, distributed
         signals = self.settings.signal_numbers
         if requeue_signal is not None and requeue_signal not in signals:
             signals += (requeue_signal,)
-        self.requeue_signal = requeue_signal
-        self.on_decided = tuple(on_decided)
-        self.recorder = SignalRecorder(signals)
-        self.agreement: Agreement | None = None
-        self.heartbeat: Heartbeat | None = None
-        self.deadline: Deadline | None = None
-        self.decision: StopDecision | None = None
-        self.boundary = 0  # step boundaries passed, counted the same way on every rank
-        self._signal_boundary: int | None = None
+        self._requeue_signal = requeue_signal
+        self._distributed = distributed
+        self._on_decided = tuple(on_decided)
+        self._recorder = SignalRecorder(signals)
+        self._agreement: Agreement | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._deadline: Deadline | None = None
+        self._decision: StopDecision | None = None
+        self._boundary = 0  # step boundaries passed, counted the same way on every rank
+        self._signal_boundary: int | None = None  # the boundary at which this rank first saw its signal
         self._requeue = False  # the last vote's
         self._signalled_rank: int | None = None  # the last vote's
-        # What this rank waits for, named if the stop deadline runs out (read by its thread).
-        self.activity = "the first step boundary"
-        # Why this coordinator never stops: its gloo groups could not be made (set by start, on every rank alike)
-        self.stepped_aside: str | None = None
-        # the cadence and the window it measures (monotonic start, boundary), set by restart_cadence
-        self.cadence: Cadence
-        self._next_check: int
-        self._window_start: float
-        self._window_boundary: int
-        self.restart_cadence()
+        self._step: int | None = None  # the step of the last boundary, for messages
+        self._activity: str | None = None  # what this rank waits for, if not the next step boundary (see waiting_for)
+        self._stepped_aside: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, install_handlers: bool = True) -> None:
@@ -119,45 +107,44 @@ class StopCoordinator:
         if not self.settings.enabled:
             return
         log.activate(self.settings.log_level)
-        if self.agreement is None:
-            ranks = members(self._group) if self._distributed else ()
-            if len(ranks) < 2:
-                self.agreement = Agreement()
+        if self._agreement is None:
+            if not (self._distributed and dist.is_available() and dist.is_initialized()
+                    and dist.get_world_size() > 1):
+                self._agreement = Agreement()
             else:
+                Settings.check_environment()  # a misspelt variable would leave a default in force
                 began = time.monotonic()
                 try:
-                    voting, beating = cpu_groups(ranks, 2, self.settings.agreement_timeout,
-                                                 self.settings.connect_timeout, self._group)
-                except GroupUnavailable as error:
-                    self._step_aside(ranks, error)
+                    voting, beating = process.cpu_groups(2, self.settings.agreement_timeout,
+                                                         self.settings.connect_timeout)
+                except process.GroupUnavailable as error:
+                    self._step_aside(error)
                     return
                 log.logger.debug("rank %d: the stop's gloo groups made in %.3f s", dist.get_rank(),
                                  time.monotonic() - began)
-                self.agreement = Agreement(ranks, voting)
-                period = min(self.settings.max_delay / 2, HEARTBEAT_SECONDS)
-                self.heartbeat = Heartbeat(beating, period, lambda: bool(self.recorder.signum))
-                self.heartbeat.start()
-        if self.deadline is None and self.agreement.distributed:  # alone, no peer can keep a stop from ending
-            self.deadline = Deadline(self.settings.stop_deadline, self.recorder.signals,
-                                     f"rank {self.rank} of {self.world_size}", lambda: self.activity)
-            self.deadline.start()
-        hazard = torchelastic.restart_hazard() if self.agreement.distributed and self.rank == 0 else None
+                self._agreement = Agreement(voting)
+                self._heartbeat = Heartbeat(beating, self.settings.max_delay, lambda: bool(self._recorder.signum))
+                self._heartbeat.start()
+        if self._deadline is None and self._agreement.distributed:  # alone, no peer can keep a stop from ending
+            self._deadline = Deadline(self.settings.stop_deadline, self._recorder.signals,
+                                      f"rank {self.rank} of {self.world_size}", self._waiting_for_now)
+            self._deadline.start()
+        hazard = torchelastic.restart_hazard() if self._agreement.distributed and self.rank == 0 else None
         if hazard is not None:
             warnings.warn(hazard, stacklevel=2)
         if install_handlers:
-            self.recorder.install()
+            self._recorder.install()
         else:
-            self.recorder.activate()
-        self.restart_cadence()  # measure from here, not from construction
-        peers = f"global ranks {list(self.agreement.ranks)}" if self.agreement.distributed else "this process alone"
+            self._recorder.activate()
+        peers = f"all {self.world_size} ranks" if self._agreement.distributed else "this process alone"
         log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
-                         ", ".join(signal.Signals(s).name for s in self.recorder.signals), peers)
+                         ", ".join(signal.Signals(s).name for s in self._recorder.signals), peers)
 
-    def _step_aside(self, ranks: tuple[int, ...], error: GroupUnavailable) -> None:
+    def _step_aside(self, error: process.GroupUnavailable) -> None:
         """No group to agree on: this coordinator never stops, on any rank (they all got the same error),
-        and the run goes on as it would without the package; the first rank says so, once."""
-        self.stepped_aside = str(error)
-        if dist.get_rank() == ranks[0]:
+        and the run goes on as it would without the package; global rank 0 says so, once."""
+        self._stepped_aside = str(error)
+        if dist.get_rank() == 0:
             warnings.warn(f"ddp_sigterm steps aside for this run: {error}. A stop signal is handled as it would be "
                           "without the package. Gloo connects each rank to the address of the interface it picks "
                           "on its node: the one its host name resolves to (often a loopback address such as "
@@ -169,9 +156,10 @@ class StopCoordinator:
         """Restore the signal handlers, end the heartbeat and the deadline's watch, destroy the groups:
         every rank calls it at the same point, and after a run that did not stop nothing of the
         coordinator is left in the process. Safe to call twice. After a stop among several ranks the
-        process is leaving: the stop signals are ignored from here on (so a late one, such as torchrun's
-        SIGTERM to the ranks still running, cannot change its exit code), and the deadline keeps running
-        until the process has exited. A process alone leaves nothing behind, stopped or not.
+        process is leaving (:func:`ddp_sigterm._core.process.leave`: the stop signals are ignored from
+        here on, so a late one, such as torchrun's SIGTERM to the ranks still running, cannot change its
+        exit code), and the deadline keeps running until the process has exited. A process alone leaves
+        nothing behind, stopped or not.
 
         A stop signal that came after the run's last agreement stopped nothing. With ``redeliver``, when
         no exception is on its way out (``close()`` in a ``finally`` after the loop ended normally) and
@@ -180,82 +168,127 @@ class StopCoordinator:
         the signal arrived). The Trainer integration does not redeliver: stock Lightning, whose handler
         is in place until its teardown, keeps such a signal too."""
         failing = sys.exc_info()[1] is not None
-        self.recorder.restore()
-        stopped, rank = self.decision is not None, self.rank
+        self._recorder.restore()
+        stopped, rank = self._decision is not None, self.rank
         if stopped and self.world_size > 1:
-            ignore_until_exit(self.recorder.signals)
-        if self.deadline is not None:
-            self.deadline.close(keep_armed=stopped)
-            self.deadline = None
-        if self.heartbeat is not None:
-            self.heartbeat.close(timeout=self.heartbeat.period + _CLOSE_SECONDS)
-            self.heartbeat = None
-        if self.agreement is not None:
-            self.agreement.close()
-            self.agreement = None
+            process.leave(self._recorder.signals, destroy_default_group=self.settings.destroy_at_exit)
+        if self._deadline is not None:
+            self._deadline.close(keep_armed=stopped)
+            self._deadline = None
+        if self._heartbeat is not None:
+            self._heartbeat.close(timeout=self._heartbeat.period + _CLOSE_SECONDS)
+            self._heartbeat = None
+        if self._agreement is not None:
+            self._agreement.close()
+            self._agreement = None
         log.logger.debug("rank %d: closed (%s)", rank, "after the agreed stop" if stopped else "no stop")
-        late = self.recorder.signum
+        late = self._recorder.signum
         if not stopped and late and redeliver and not failing and \
                 threading.current_thread() is threading.main_thread() and default_action(signal.getsignal(late)):
-            self.recorder.signum = 0  # once
+            self._recorder.signum = 0  # once
             log.logger.warning("rank %d: %s came after the run's last stop agreement: no stop was agreed; passing it "
                                "on to the handler it replaced", rank, signal.Signals(late).name)
             signal.raise_signal(late)
+
+    # -- what it records -------------------------------------------------------------------------
+    def record(self, signum: int, frame: FrameType | None = None) -> None:
+        """A signal handler that records a stop signal and does nothing else (it does not chain), for
+        frameworks that register and chain handlers themselves, such as Lightning's signal connector."""
+        self._recorder.record(signum, frame)
+
+    def install_handlers(self, signals: tuple[int, ...]) -> None:
+        """Record ``signals`` too (some of this coordinator's), chaining to the handlers in place;
+        :meth:`close` restores them. Main thread."""
+        self._recorder.install(signals)
+
+    @property
+    def signals(self) -> tuple[int, ...]:
+        """The signal numbers that stop the run (the settings' and the requeue signal)."""
+        return self._recorder.signals
+
+    @property
+    def requeue_signal(self) -> int | None:
+        return self._requeue_signal
+
+    def _waiting_for_now(self) -> str:
+        """What this rank waits for, named by the stop deadline if it runs out (read from its thread)."""
+        if self._activity is not None:
+            return self._activity
+        if self._boundary == 0:
+            return "the first step boundary"
+        return f"the next step boundary after {self._where(self._step)} (a step, or a collective inside it)"
+
+    @contextlib.contextmanager
+    def waiting_for(self, what: str) -> Iterator[None]:
+        """Name what this rank waits for while the block runs, for the stop deadline's message if it
+        runs out (``"saving the stop checkpoint of step 7 in /ckpt"``); the previous name comes back after."""
+        previous, self._activity = self._activity, what
+        try:
+            yield
+        finally:
+            self._activity = previous
 
     # -- the decision --------------------------------------------------------------------------
     @property
     def acting(self) -> bool:
         """Whether this coordinator can stop the run: switched on, and not stepped aside at ``start``."""
-        return self.settings.enabled and self.stepped_aside is None
+        return self.settings.enabled and self._stepped_aside is None
+
+    @property
+    def stepped_aside(self) -> str | None:
+        """Why this coordinator never stops: its gloo groups could not be made (on every rank alike)."""
+        return self._stepped_aside
 
     @property
     def world_size(self) -> int:
-        return self.agreement.world_size if self.agreement is not None else 1
+        return self._agreement.world_size if self._agreement is not None else 1
 
     @property
     def rank(self) -> int:
-        return self.agreement.rank if self.agreement is not None else 0
+        return self._agreement.rank if self._agreement is not None else 0
+
+    @property
+    def decision(self) -> StopDecision | None:
+        """The agreed stop's decision, None until a stop is agreed."""
+        return self._decision
 
     def should_stop(self, step: int | None = None) -> bool:
         """Call at every step boundary on every rank. Returns True on every rank at the same boundary.
 
-        Between agreements it only counts; at the agreed cadence it runs the agreement. ``step``
-        is used in the decision and in error messages. Once True, it stays True.
-        """
-        if self.decision is not None:
+        It counts the boundary; with peers, it runs the agreement only at the boundary the heartbeat
+        names after a signal (:mod:`ddp_sigterm._core.heartbeat`); alone, it decides on its own signal.
+        ``step`` is used in the decision and in messages. Once True, it stays True."""
+        if self._decision is not None:
             return True
         if not self.acting:
             return False
-        self.boundary += 1
-        if self.recorder.signum and self._signal_boundary is None:
-            self._signal_boundary = self.boundary
-        if self.world_size == 1:
-            return self._decide(self.recorder.signum, step, time.monotonic()) if self.recorder.signum else False
-        requested = self.heartbeat.passing(self.boundary) if self.heartbeat is not None else None
-        if self.boundary < self._next_check and (requested is None or self.boundary < requested):
+        self._boundary += 1
+        self._step = step
+        if self._recorder.signum and self._signal_boundary is None:
+            self._signal_boundary = self._boundary
+        if self._heartbeat is None:
+            return self._decide(self._recorder.signum, step, time.monotonic()) if self._recorder.signum else False
+        requested = self._heartbeat.passing(self._boundary)
+        if requested is None or self._boundary < requested:
             return False
         return self.decide_now(step)
 
     def decide_now(self, step: int | None = None) -> bool:
-        """Run the agreement now, off-cadence. Every rank must call it at the same point, for
-        instance once at the end of a run so that a late signal is not lost."""
-        if self.decision is not None:
+        """Run the agreement now. Every rank must call it at the same point, for instance once at the end
+        of a run so that a signal after the last step boundary is not lost."""
+        if self._decision is not None:
             return True
         if not self.acting:
             return False
-        started, passed = time.monotonic(), self.boundary - self._window_boundary  # before the vote re-syncs it
         signum, _ = self._agree(step, in_loop=True)
-        finished = time.monotonic()
-        self.cadence.observe(started - self._window_start, passed, finished - started)
-        self._window_start, self._window_boundary = finished, self.boundary
-        return self._decide(signum, step, finished) if signum else False
+        return self._decide(signum, step, time.monotonic()) if signum else False
 
     def should_stop_on_leaving(self, step: int | None = None) -> bool:
         """Call on every rank as it leaves a loop whose number of steps may differ between ranks
         (evaluation; prediction shards its data without padding). Keeps taking part in the
         agreements of the ranks still in the loop until every rank has left it, then returns the
         same answer on every rank."""
-        if self.decision is not None:
+        if self._decision is not None:
             return True
         if not self.acting:
             return False
@@ -263,56 +296,42 @@ class StopCoordinator:
             signum, anyone_in_loop = self._agree(step, in_loop=False)
             if signum or not anyone_in_loop:
                 break
-        self.restart_cadence()
         return self._decide(signum, step, time.monotonic()) if signum else False
 
-    def restart_cadence(self) -> None:
-        """Agree at the next boundary and measure afresh; every rank calls it at the same point, when
-        entering or leaving a loop whose steps take their own time (evaluation, prediction), so that
-        an interval measured on fast batches does not delay a stop among slow ones."""
-        self.cadence = Cadence(self.settings.check_budget, self.settings.max_delay)
-        self._next_check = self.boundary + 1
-        self._window_start, self._window_boundary = time.monotonic(), self.boundary
-
     def _where(self, step: int | None) -> str:
-        return f"step {step} (boundary {self.boundary})" if step is not None else f"boundary {self.boundary}"
+        return f"step {step} (boundary {self._boundary})" if step is not None else f"boundary {self._boundary}"
 
     def _started(self) -> Agreement:
-        if self.agreement is None:
+        if self._agreement is None:
             raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
-        return self.agreement
+        return self._agreement
 
     def _agree(self, step: int | None, in_loop: bool) -> tuple[int, bool]:
         agreement = self._started()
         where = self._where(step)
-        self.activity = f"the stop agreement at {where}, which needs all {self.world_size} ranks"
-        vote = agreement.decide(self.recorder.signum, self.cadence.propose(), where, in_loop,
-                                self._requeue_received(), self.boundary)
-        self.activity = f"the next step boundary after {where} (a step, or a collective inside it)"
+        with self.waiting_for(f"the stop agreement at {where}, which needs all {self.world_size} ranks"):
+            vote = agreement.decide(self._recorder.signum, where, in_loop, self._requeue_received(), self._boundary)
         if self._signal_boundary is not None:  # boundaries since the signal: count the re-sync's jump too
-            self._signal_boundary += vote.boundary - self.boundary
-        self.boundary = vote.boundary
-        self._next_check = self.boundary + vote.interval
+            self._signal_boundary += vote.boundary - self._boundary
+        self._boundary = vote.boundary
         self._requeue = vote.requeue
         self._signalled_rank = vote.signalled_rank
         return vote.signum, vote.anyone_in_loop
 
     def _decide(self, signum: int, step: int | None, now: float) -> bool:
-        since = None if self._signal_boundary is None else self.boundary - self._signal_boundary
+        since = None if self._signal_boundary is None else self._boundary - self._signal_boundary
         # with peers, the vote's answer (the same everywhere); alone, this process's
         alone = self.world_size == 1
         requeue = self._requeue_received() if alone else self._requeue
         signalled_rank = self.rank if alone else self._signalled_rank
-        self.decision = StopDecision(signum, step, self.boundary, now, self.recorder.received_at, since, requeue,
-                                     signalled_rank)
-        self.activity = f"the process to exit after the stop agreed at {self._where(step)}"
-        if self.deadline is not None:
-            self.deadline.arm(now, "the agreed stop")
-        if self.settings.destroy_at_exit and not alone:
-            destroy_default_group_at_exit()  # the process is leaving: see Settings.destroy_at_exit
-        self._log_decision(self.decision)
-        for action in self.on_decided:
-            action(self.decision)
+        self._decision = StopDecision(signum, step, self._boundary, now, self._recorder.received_at, since, requeue,
+                                      signalled_rank)
+        self._activity = f"the process to exit after the stop agreed at {self._where(step)}"
+        if self._deadline is not None:
+            self._deadline.arm(now, "the agreed stop")
+        self._log_decision(self._decision)
+        for action in self._on_decided:
+            action(self._decision)
         return True
 
     def _log_decision(self, decision: StopDecision) -> None:
@@ -328,25 +347,26 @@ class StopCoordinator:
                         self._where(decision.step))
 
     def _requeue_received(self) -> bool:
-        return self.requeue_signal is not None and bool(self.recorder.mask & (1 << self.requeue_signal))
+        return self._requeue_signal is not None and bool(self._recorder.mask & (1 << self._requeue_signal))
 
-    def all_succeeded(self, succeeded: bool, what: str, step: int | None = None) -> int | None:
+    def lowest_failed_rank(self, succeeded: bool, what: str, step: int | None = None) -> int | None:
         """After the agreed stop, every rank reports whether its part of ``what`` (saving the stop
-        checkpoint) succeeded; returns the lowest rank on which it failed, or None, on every rank.
-        Every rank must call it at the same point: it is also the barrier that ends ``what``."""
+        checkpoint) succeeded; returns the lowest rank on which it failed, or None if it succeeded on
+        every rank, the same on every rank. Every rank must call it at the same point: it is also the
+        barrier that ends ``what``."""
         agreement = self._started()
         where = f"the end of {what} at {self._where(step)}"
-        self.activity = f"{where}, which needs all {self.world_size} ranks"
-        failed = agreement.first_failure(succeeded, where)
-        self.activity = f"the process to exit after {what} at {self._where(step)}"
+        with self.waiting_for(f"{where}, which needs all {self.world_size} ranks"):
+            failed = agreement.lowest_failed_rank(succeeded, where)
+        self._activity = f"the process to exit after {what} at {self._where(step)}"
         return failed
 
     @property
     def agreed(self) -> StopDecision:
         """The agreed stop's decision; RuntimeError if no stop was agreed."""
-        if self.decision is None:
+        if self._decision is None:
             raise RuntimeError("ddp_sigterm: no stop was agreed")
-        return self.decision
+        return self._decision
 
     @property
     def exit_code(self) -> int:

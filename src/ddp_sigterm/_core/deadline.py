@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ddp_sigterm._core import exit_codes
+from ddp_sigterm._core import exit_codes, process
 
 ESCALATION_REQUESTS = 3
 """The stop request that ends the process at once: a second one is ignored, the third means "now"."""
@@ -67,8 +67,7 @@ class Deadline:
         self._reader, self._writer = socket.socketpair()
         self._writer.setblocking(False)
         self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        _forget_in_forked_children()
-        _watching.add(self)
+        process.close_in_forked_children(self._reader, self._writer)
         self._thread = threading.Thread(target=self._watch, args=(self._reader,), name="ddp_sigterm-deadline",
                                         daemon=True)
         self._thread.start()
@@ -86,7 +85,7 @@ class Deadline:
         thread = self._thread
         if thread is None or self._writer is None:
             return
-        _watching.discard(self)
+        process.keep_in_forked_children(*(end for end in (self._reader, self._writer) if end is not None))
         main = threading.current_thread() is threading.main_thread()
         if main:
             signal.set_wakeup_fd(self._previous_fd)
@@ -149,27 +148,3 @@ class Deadline:
             os.write(2, message.encode())
         finally:
             os._exit(exit_codes.GAVE_UP)
-
-
-# Deadlines watching in this process: a forked child must not write into their descriptors.
-_watching: set[Deadline] = set()
-_fork_hook_registered = False
-
-
-def _forget_in_forked_children() -> None:
-    """Register, once per process, the at-fork hook (it cannot be unregistered; it does nothing while
-    no deadline watches)."""
-    global _fork_hook_registered
-    if not _fork_hook_registered:
-        os.register_at_fork(after_in_child=_forget_in_forked_child)
-        _fork_hook_registered = True
-
-
-def _forget_in_forked_child() -> None:
-    if _watching:
-        signal.set_wakeup_fd(-1)
-        for deadline in _watching:
-            for end in (deadline._reader, deadline._writer):
-                if end is not None:
-                    end.close()
-        _watching.clear()

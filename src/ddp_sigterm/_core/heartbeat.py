@@ -1,19 +1,17 @@
-"""The heartbeat: a stop signal reaches every rank's schedule within a bounded time, however slow the
-steps become.
+"""The heartbeat: how a stop signal on any rank reaches every rank's schedule, within a bounded time,
+however long the steps are, and without a collective in the training loop.
 
-The cadence counts step boundaries between two agreements: an interval chosen while steps took 1 ms
-spans a hundred boundaries, and if the steps then take 100 ms (a data-loading stall, a slower phase,
-a checkpoint every step) the next agreement comes 10 s later. Counting cannot see that; a clock can,
-but ranks reading their own clocks would disagree on the boundary. So a thread on every rank runs a
-small all-reduce every ``period`` seconds on a gloo group of its own (never waiting for the main
-thread), carrying ``[a stop signal was recorded here, this rank's step boundary, closing]``. When one
-carries a signal, every rank gets the same largest boundary ``B`` and schedules an agreement at
-``B + LEAD``, the same boundary on every rank.
+Between stops the main thread only counts step boundaries. Ranks reading their own clocks would
+disagree on where to stop, so a thread on every rank runs a small all-reduce every ``period`` seconds
+(``max_delay / 2``) on a gloo group of its own, never waiting for the main thread, carrying ``[a stop
+signal was recorded here, this rank's step boundary, closing]``. When one carries a signal, every rank
+gets the same largest boundary ``B`` and the agreement runs at boundary ``B + 1`` on every rank.
 
 Why every rank learns in time: a rank that reported boundary ``b`` reads the result before it passes
-boundary ``b + LEAD <= B + LEAD`` (it waits there if the result has not arrived; it normally has, a
-boundary or two earlier). The agreement at ``B + LEAD`` then runs as every agreement does, and sees
-the signal. The heartbeat never decides a stop itself.
+boundary ``b + 1 <= B + 1`` (it waits there if the result has not arrived; at steps longer than the
+all-reduce it has). The agreement at ``B + 1`` then sees the signal. So a stop is agreed at most
+``period`` plus one step (and the all-reduce) after the first signal: within ``max(max_delay, 2 steps)``.
+The heartbeat never decides a stop itself.
 """
 
 from __future__ import annotations
@@ -24,9 +22,9 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ddp_sigterm._core.agreement import release_cpu_group
+from ddp_sigterm._core.process import release_cpu_group
 
-LEAD = 2
+LEAD = 1
 """Boundaries between the one a rank reports and the one by which it must have read the result."""
 
 
@@ -34,8 +32,8 @@ class Heartbeat:
     """One rank's part: :meth:`start` on every rank of ``group`` at the same point, then
     :meth:`passing` at every step boundary, :meth:`close` at the end (every rank, same point)."""
 
-    def __init__(self, group: dist.ProcessGroup, period: float, signalled: Callable[[], bool]) -> None:
-        self.period = period
+    def __init__(self, group: dist.ProcessGroup, max_delay: float, signalled: Callable[[], bool]) -> None:
+        self.period = max_delay / 2
         self._group = group
         self._signalled = signalled
         self._lock = threading.Lock()  # orders the thread's report against the main thread's boundaries
@@ -63,7 +61,7 @@ class Heartbeat:
 
     def close(self, timeout: float) -> None:
         """End the heartbeat on every rank: the next one carries "closing", and every rank's thread ends
-        after it; then give the group back (:func:`ddp_sigterm._core.agreement.release_cpu_group`).
+        after it; then give the group back (:func:`ddp_sigterm._core.process.release_cpu_group`).
         Waits up to ``timeout`` seconds for this rank's thread: it takes longer only when a peer has
         stopped answering, and then the thread, and its group, are left to the group's timeout. Safe to
         call twice."""
@@ -86,7 +84,7 @@ class Heartbeat:
             report[0], report[1], report[2] = int(self._signalled()), reported, int(self._closing)
             try:
                 dist.all_reduce(report, op=dist.ReduceOp.MAX, group=self._group)
-            except Exception:  # a peer gone or stuck: the next agreement meets the same failure and reports it
+            except Exception:  # a peer gone or stuck: training's own collectives meet it too; this thread ends
                 report.zero_()
                 report[2] = 1
             with self._lock:

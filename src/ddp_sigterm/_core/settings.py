@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import signal
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,17 +57,10 @@ class Settings:
     SIGKILL and SIGSTOP cannot be caught and are rejected."""
 
     max_delay: float = 1.0
-    """Upper bound, in seconds, on the time between the first signal on any rank and the agreed stop,
-    for steps shorter than this; a longer step stops at the next step boundary. When steps become
-    slower than the cadence was measured on, the heartbeat (every ``max_delay / 2`` seconds) brings the
-    stop within ``max_delay / 2`` and two or three steps."""
-
-    check_budget: float = 0.001
-    """Fraction of training time the agreement's own duration may take. The cadence stretches the
-    interval between agreements until the measured duration fits, never beyond ``max_delay``. A
-    collective costs a step more than its own duration (threads waking, the next collective
-    disturbed: 2-3 times, measured in docs/benchmarks.md): 0.1% keeps the whole well under 1% (0.3%,
-    the default until the heartbeat bounded the stop in time, measured +1.1% at 10 ms steps)."""
+    """Upper bound, in seconds, on the time between the first signal on any rank and the agreed stop
+    when steps are shorter than half of it; in general the stop comes within ``max_delay / 2`` plus one
+    step, so within ``max(max_delay, 2 steps)``. The heartbeat's period is ``max_delay / 2``: a small
+    all-reduce on a thread of its own, on a gloo group of its own (see docs/how-it-works.md)."""
 
     agreement_timeout: float = 600.0
     """Seconds one agreement may wait for the slowest rank before it fails with an error naming the
@@ -136,8 +130,6 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(self.check_budget, (int, float)) or not 0 < self.check_budget < 1:
-            raise SettingsError(f"check_budget must be a fraction between 0 and 1, got {self.check_budget!r}")
         if not isinstance(self.checkpoint_dir, str):
             raise SettingsError(f"checkpoint_dir must be a directory or URL, got {self.checkpoint_dir!r}")
         keep = self.keep_checkpoints
@@ -161,20 +153,41 @@ class Settings:
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Settings:
         """Build settings from ``given`` (code) overridden by the environment; bad values raise
-        :class:`SettingsError` naming the variable."""
+        :class:`SettingsError` naming the variable. An unknown ``DDP_SIGTERM_*`` variable (a typo) is
+        a warning here: a process the package never acts on (a one-device Trainer) must not fail for
+        it. Where it acts, :meth:`check_environment` makes it an error."""
         environ = os.environ if environ is None else environ
         values = dict(given)
         for field in dataclasses.fields(cls):
-            var = ENV_PREFIX if field.name == "enabled" else f"{ENV_PREFIX}_{field.name.upper()}"
+            var = _variable(field.name)
             if var in environ:
                 values[field.name] = _parse(var, environ[var], field.type)
-        known = {ENV_PREFIX} | {f"{ENV_PREFIX}_{f.name.upper()}" for f in dataclasses.fields(cls)
-                                if f.name != "enabled"}
-        unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in known)
+        unknown = _unknown_variables(environ)
         if unknown:
-            raise SettingsError(f"Unknown environment variable(s) {', '.join(unknown)}; "
-                                f"known: {', '.join(sorted(known))}")
+            warnings.warn(unknown, stacklevel=2)
         return cls(**values)
+
+    @staticmethod
+    def check_environment(environ: Mapping[str, str] | None = None) -> None:
+        """Raise :class:`SettingsError` if the environment has a ``DDP_SIGTERM_*`` variable no setting
+        has: called where the package is about to act on a multi-process run, where a misspelt
+        ``DDP_SIGTERM_STOP_DEADLINE`` would silently leave the default in force."""
+        unknown = _unknown_variables(os.environ if environ is None else environ)
+        if unknown:
+            raise SettingsError(unknown)
+
+
+def _variable(field: str) -> str:
+    return ENV_PREFIX if field == "enabled" else f"{ENV_PREFIX}_{field.upper()}"
+
+
+def _unknown_variables(environ: Mapping[str, str]) -> str | None:
+    """The message naming the unknown ``DDP_SIGTERM_*`` variables of ``environ``, None if there are none."""
+    known = {_variable(field.name) for field in dataclasses.fields(Settings)}
+    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in known)
+    if not unknown:
+        return None
+    return f"Unknown environment variable(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
 
 
 def _parse(var: str, raw: str, kind: Any) -> Any:

@@ -60,7 +60,6 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
     _, directory_target = url_to_fs(directory)
     partial_target = f"{directory_target}/{PARTIAL_NAME}"
     what = f"saving the stop checkpoint of step {step} in {directory}"
-    stop.activity = what
 
     def write_and_check() -> None:
         write(partial)
@@ -77,8 +76,11 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
 
     started = time.monotonic()
     try:
-        in_unison(stop, write_and_check, what, step)
-        final = in_unison(stop, rename, f"naming the stop checkpoint of step {step} in {directory}", step)
+        with stop.waiting_for(what):
+            in_unison(stop, write_and_check, what, step)
+        naming = f"naming the stop checkpoint of step {step} in {directory}"
+        with stop.waiting_for(naming):
+            final = in_unison(stop, rename, naming, step)
     except StopError:
         if writer:
             _remove_partial(fs, partial_target)
@@ -96,12 +98,12 @@ def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: i
     try:
         result = action()
     except Exception as error:  # every rank must learn of it: reported, then raised as StopError
-        stop.all_succeeded(False, what, step)
+        stop.lowest_failed_rank(False, what, step)
         message = (f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed: "
                    f"{type(error).__name__}: {error}")
         log.logger.error("%s; exiting with %d", message, exit_codes.STOP_FAILED, exc_info=error)
         raise StopError(message) from error
-    failed = stop.all_succeeded(True, what, step)
+    failed = stop.lowest_failed_rank(True, what, step)
     if failed is None:
         return result
     message = (f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed on rank "

@@ -144,8 +144,9 @@ def take_signal_handlers(trainer: Any, record: Handler, distribution: str) -> No
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast
 
 
-def give_back_signal_handlers(trainer: Any) -> None:
-    """Undo :func:`take_signal_handlers` (the instance attributes shadow the class's methods)."""
+def restore_trainer(trainer: Any) -> None:
+    """Undo :func:`take_signal_handlers` and :func:`resume_when_not_told` (the instance attributes
+    shadow the class's methods)."""
     for name in _TRAINER_HANDLERS:
         trainer._signal_connector.__dict__.pop(name, None)
     trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
@@ -155,7 +156,7 @@ def give_back_signal_handlers(trainer: Any) -> None:
 def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None:
     """Make a ``fit`` started without ``ckpt_path`` (after Lightning's own choice, e.g. SLURM's
     ``hpc``, found nothing) load ``choose()``'s checkpoint, if it names one. Every rank calls
-    ``choose`` at the same point (the restore of ``fit``); :func:`give_back_signal_handlers` undoes it."""
+    ``choose`` at the same point (the restore of ``fit``); :func:`restore_trainer` undoes it."""
     connector = trainer._checkpoint_connector
     lightnings = type(connector).resume_start.__get__(connector)
 
@@ -169,7 +170,7 @@ def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None
 
 def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
     """At the agreed stop: Lightning's flag, as its own handler would set it, and the handlers it puts
-    back at teardown become SIG_IGN for ``ignore`` (see ``signals.ignore_until_exit``)."""
+    back at teardown become SIG_IGN for ``ignore`` (see :func:`ddp_sigterm._core.process.leave`)."""
     originals = trainer._signal_connector._original_handlers
     for signum in ignore:
         if signum in originals:

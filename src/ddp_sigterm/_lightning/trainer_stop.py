@@ -98,7 +98,7 @@ class TrainerStop(Integration):
         if not coordinator.acting:  # its groups could not be made (it warned): the Trainer is left to stock Lightning
             return
         self._coordinator, self._trainer = coordinator, trainer
-        internals.take_signal_handlers(trainer, coordinator.recorder.record, self.lightning.distribution)
+        internals.take_signal_handlers(trainer, coordinator.record, self.lightning.distribution)
         settings, under_slurm = self.settings, self.lightning.slurm_environment.detect()
         if stage == "fit" and (settings.resume or (settings.checkpoint_dir and under_slurm)):
             internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, settings))
@@ -119,20 +119,18 @@ class TrainerStop(Integration):
             internals.warn_once(untested)
         return True
 
-    def _on_stage_start(self, evaluation: bool = False) -> None:
+    def _on_stage_start(self) -> None:
         if self._coordinator is not None:
             by_lightning = {signal.SIGTERM, self._coordinator.requeue_signal}
-            extra = tuple(s for s in self._coordinator.settings.signal_numbers if s not in by_lightning)
+            extra = tuple(s for s in self._coordinator.signals if s not in by_lightning)
             if extra:
-                self._coordinator.recorder.install(extra)
-            if evaluation:  # its batches take their own time (on every rank, at the same point)
-                self._coordinator.restart_cadence()
+                self._coordinator.install_handlers(extra)
 
     def _close(self) -> None:
         coordinator, trainer = self._coordinator, self._trainer
         self._coordinator = self._trainer = None
         if trainer is not None:
-            internals.give_back_signal_handlers(trainer)
+            internals.restore_trainer(trainer)
         if coordinator is not None:
             # a signal after the run's last agreement is kept, as stock Lightning's handler keeps it
             coordinator.close(redeliver=False)
@@ -166,70 +164,76 @@ class TrainerStop(Integration):
         self._on_stage_start()
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        self._on_stage_start(evaluation=True)
+        self._on_stage_start()
 
     def on_test_start(self, trainer: Any, pl_module: Any) -> None:
-        self._on_stage_start(evaluation=True)
+        self._on_stage_start()
 
     def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
-        self._on_stage_start(evaluation=True)
+        self._on_stage_start()
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.
         if self._coordinator is not None and internals.optimizer_stepped(trainer):
-            self._check(trainer)
+            self._stop_if(trainer, self._coordinator.should_stop)
 
     def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
-        self._check(trainer)
+        self._at_boundary(trainer)
 
     def on_test_batch_end(self, trainer: Any, *args: Any) -> None:
-        self._check(trainer)
+        self._at_boundary(trainer)
 
     def on_predict_batch_end(self, trainer: Any, *args: Any) -> None:
-        self._check(trainer)
+        self._at_boundary(trainer)
 
     # Ranks may leave an evaluation or prediction loop after different numbers of batches.
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._check(trainer, leaving=True)
+        self._on_leaving(trainer)
 
     def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._check(trainer, leaving=True)
+        self._on_leaving(trainer)
 
     def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._check(trainer, leaving=True)
+        self._on_leaving(trainer)
 
     # A signal after the last check point must not be lost: one final agreement per run.
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._check(trainer, final=True)
+        self._at_end(trainer)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.state.fn != "fit":
-            self._check(trainer, final=True)
+            self._at_end(trainer)
 
     def on_test_end(self, trainer: Any, pl_module: Any) -> None:
-        self._check(trainer, final=True)
+        self._at_end(trainer)
 
     def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
-        self._check(trainer, final=True)
+        self._at_end(trainer)
 
-    def _check(self, trainer: Any, final: bool = False, leaving: bool = False) -> None:
+    def _at_boundary(self, trainer: Any) -> None:
+        if self._coordinator is not None:
+            self._stop_if(trainer, self._coordinator.should_stop)
+
+    def _on_leaving(self, trainer: Any) -> None:
+        if self._coordinator is not None:
+            self._stop_if(trainer, self._coordinator.should_stop_on_leaving)
+
+    def _at_end(self, trainer: Any) -> None:
+        if self._coordinator is not None:
+            self._stop_if(trainer, self._coordinator.decide_now)
+
+    def _stop_if(self, trainer: Any, stops: Callable[[int], bool]) -> None:
+        """If ``stops(step)`` (one of the coordinator's questions, asked on every rank at the same point)
+        says stop: save the stop checkpoint, requeue under SLURM, raise ``SIGTERMException(128 + signal)``."""
         coordinator = self._coordinator
-        if coordinator is None:
-            return
         step = trainer.global_step
-        if leaving:
-            stop = coordinator.should_stop_on_leaving(step)
-        elif final:
-            stop = coordinator.decide_now(step)
-        else:
-            stop = coordinator.should_stop(step)
-        if not stop:
+        if coordinator is None or not stops(step):
             return
         decision = coordinator.agreed
         # Lightning puts its saved handlers back at teardown, after this callback has closed: for the
         # stop signals of a multi-process run, make that SIG_IGN, so a late signal cannot change the
-        # exit code (see signals.ignore_until_exit).
-        internals.mark_stopped(trainer, coordinator.recorder.signals if coordinator.world_size > 1 else ())
+        # exit code (see process.leave).
+        internals.mark_stopped(trainer, coordinator.signals if coordinator.world_size > 1 else ())
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
             agreed += f"; checkpoint saved to {_save_stop_checkpoint(trainer, coordinator, step)}"
@@ -315,5 +319,5 @@ def _requeue(trainer: Any, coordinator: StopCoordinator, requeue_signal: int, st
         logger.info("rank %d of %d: SLURM job %s", coordinator.rank, coordinator.world_size, requeued)
         return requeued
 
-    coordinator.activity = "`scontrol show job` / `scontrol requeue` (global rank 0)"
-    return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)
+    with coordinator.waiting_for("`scontrol show job` / `scontrol requeue` (global rank 0)"):
+        return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)
