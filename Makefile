@@ -20,7 +20,7 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 # (patches/build.sh --tests): the 16 test_auto_restart_under_signal cases, the signal connector's tests, the
 # CombinedLoader's and SIGTERMException's tests, and fabric's test_distributed.py (run apart: another conftest); then
 # the standalone two-process tests of test_ddp_sigterm_handling.py, one pytest process each, as Lightning's CI runs
-# them (tests/upstream_suite.py standalone). Run from the tests/ folder, as Lightning's CI does, by the patched build
+# them (tools/upstream_suite.py standalone). Run from the tests/ folder, as Lightning's CI does, by the patched build
 # alone.
 RELEASE_TESTS := build/lightning-2.6.6-tests/tests
 RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
@@ -29,10 +29,10 @@ PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/
 	tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/utilities/test_combined_loader.py tests_pytorch/utilities/test_exceptions.py \
 	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py && cd $(CURDIR) \
-	&& $(PYTHON) tests/upstream_suite.py standalone --python $(VENV_PATCHED)/bin/python --tests $(RELEASE_TESTS) \
+	&& $(PYTHON) tools/upstream_suite.py standalone --python $(VENV_PATCHED)/bin/python --tests $(RELEASE_TESTS) \
 		--out build/standalone-patched $(RELEASE_STANDALONE)
 
-# Lightning's own tests (the release sdist has none), stock and with the package: see tests/upstream_suite.py.
+# Lightning's own tests (the release sdist has none), stock and with the package: see tools/upstream_suite.py.
 LIGHTNING_TESTS ?= $(firstword $(wildcard ../shared/upstream/lightning-2.6.5-tests.tar.gz \
 	/work/shared/upstream/lightning-2.6.5-tests.tar.gz))
 # The first line of a recipe that needs them (test-lightning, test-patched): stops it when the archive is missing.
@@ -47,7 +47,7 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 # with the open pull requests the series is stacked on (its `base`: #21666), master-patched/ with those and the pull
 # requests of $(SERIES_MASTER) applied by git am (its `series` names one folder per pull request, each with its own
 # `series` of .patch files). The trees are recreated on every run (~2 s): do not work inside them. Each is installed
-# editable in a venv of its own, without ddp_sigterm: see tests/upstream_suite.py.
+# editable in a venv of its own, without ddp_sigterm: see tools/upstream_suite.py.
 # SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
 LIGHTNING_MASTER ?= $(firstword $(wildcard ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \
 	/work/shared/upstream/lightning-master-7f0c3436cd.tar.gz))
@@ -139,7 +139,7 @@ endef
 upstream-trees:
 	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot (lightning-master-7f0c3436cd.tar.gz)" \
 		"not found in ../shared/upstream/: set LIGHTNING_MASTER=<path of the archive>" >&2; exit 1; }
-	$(PYTHON) tests/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
+	$(PYTHON) tools/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
 		$(if $(OPEN_PRS),--open-prs $(OPEN_PRS)) --into $(UPSTREAM)
 
 $(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt $(LIGHTNING_MASTER) \
@@ -192,12 +192,12 @@ test-unit: $(VENV)/.installed
 # every test must end as it does on stock Lightning, but for the accepted differences listed in the script.
 test-lightning: $(VENV)/.installed
 	$(NEED_LIGHTNING_TESTS)
-	$(VENV)/bin/python tests/upstream_suite.py package --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
+	$(VENV)/bin/python tools/upstream_suite.py package --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
 
 # Lightning master's own tests, from the unpatched and the patched tree, each with its venv: fails on a test the
 # series breaks, a new test that fails, a test that disappears but with its file, a run that does not finish.
 test-upstream: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHED)/.installed
-	$(PYTHON) tests/upstream_suite.py trees --series $(SERIES_MASTER) --out $(UPSTREAM)/results \
+	$(PYTHON) tools/upstream_suite.py trees --series $(SERIES_MASTER) --out $(UPSTREAM)/results \
 		--unpatched $(UPSTREAM)/master $(VENV_UPSTREAM)/bin/python \
 		--patched $(UPSTREAM)/master-patched $(VENV_UPSTREAM_PATCHED)/bin/python $(UPSTREAM_TEST_FILES)
 
@@ -207,7 +207,7 @@ test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh --tests $(LIGHTNING_TESTS)
 	$(PYTEST_LIGHTNING_TEST)
 
-# Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tests/slurm_cluster.py): installs
+# Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tools/slurm_cluster.py): installs
 # slurm-wlm and munge with apt-get when missing (root), configures the cluster under build/slurm (never /etc; refuses
 # to start next to a configured or running SLURM), and stops every daemon it started, by pid, whatever happened.
 # With the package and with the patched Lightning. Where it cannot run, the tests are skipped with the reason;
@@ -229,11 +229,11 @@ test-multinode: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	MULTINODE_PATCHED_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python MULTINODE_REQUIRED=$(MULTINODE_REQUIRED) \
 		$(VENV)/bin/python -m pytest -ra --durations=0 -m multinode tests/test_multinode.py
 
-# Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tests/soak.py).
+# Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tools/soak.py).
 # SEED=S replays a soak; RECORD=docs/reliability.md writes its summary there.
 N ?= 10
 soak: $(VENV)/.installed
-	$(VENV)/bin/python tests/soak.py $(N) $(if $(SEED),--seed $(SEED)) $(if $(RECORD),--record $(RECORD))
+	$(VENV)/bin/python tools/soak.py $(N) $(if $(SEED),--seed $(SEED)) $(if $(RECORD),--record $(RECORD))
 
 # Benchmarks (not a test: minutes of measurement). Writes docs/benchmarks.md and its plot.
 $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt

@@ -1,4 +1,4 @@
-"""SLURM end to end, on a real cluster: a private one-node cluster (tests/slurm_cluster.py) runs real
+"""SLURM end to end, on a real cluster: a private one-node cluster (tools/slurm_cluster.py) runs real
 ``sbatch`` jobs of 2 tasks, each running an unchanged example script through the sbatch scripts users
 copy (examples/slurm/), stopped the ways SLURM stops jobs: ``scancel --signal=TERM``, the time limit's
 warning signal with auto-requeue (``--signal=SIGUSR1@<s> --requeue``), and preemption by a job of a

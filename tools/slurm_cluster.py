@@ -9,8 +9,8 @@ running on the machine, rather than risk disturbing it.
 The partitions: ``low`` (the default; preemptible: ``PreemptMode=REQUEUE``, ``GraceTime``) and ``high``
 (a higher ``PriorityTier``: a job there preempts a ``low`` job that holds the CPUs it needs).
 
-    python tests/slurm_cluster.py up build/slurm     # start it; prints the SLURM_CONF to export
-    python tests/slurm_cluster.py down build/slurm   # stop what `up` started
+    python tools/slurm_cluster.py up build/slurm     # start it; prints the SLURM_CONF to export
+    python tools/slurm_cluster.py down build/slurm   # stop what `up` started
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+# the tests' fixtures (standard library only: `up` and `down` run with any python3)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import free_port
 from nodes import Nodes
@@ -168,7 +171,7 @@ def configuration(root: Path, nodes: dict[str, str], controller: str, cpus: int,
     node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"
                          for name, address in nodes.items())
     return f"""\
-# Written by tests/slurm_cluster.py: a private cluster for ddp_sigterm's tests.
+# Written by tools/slurm_cluster.py: a private cluster for ddp_sigterm's tests.
 ClusterName=ddpsigterm
 SlurmctldHost={socket.gethostname().split(".")[0]}({controller})
 SlurmctldPort={ports[0]}
