@@ -32,12 +32,15 @@ PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/
 	&& $(PYTHON) tools/upstream_suite.py standalone --python $(VENV_PATCHED)/bin/python --tests $(RELEASE_TESTS) \
 		--out build/standalone-patched $(RELEASE_STANDALONE)
 
-# Lightning's own tests (the release sdist has none), stock and with the package: see tools/upstream_suite.py.
-LIGHTNING_TESTS ?= $(firstword $(wildcard ../shared/upstream/lightning-2.6.5-tests.tar.gz \
-	/work/shared/upstream/lightning-2.6.5-tests.tar.gz))
+# Lightning's sources that no package index has: its tests (the release sdist has none), its master snapshot and the
+# open upstream pull requests' diffs, in one folder laid out as ../shared/upstream/README.md describes.
+# LIGHTNING_SOURCES=<folder> points elsewhere; LIGHTNING_TESTS, LIGHTNING_MASTER and OPEN_PRS name one item each.
+LIGHTNING_SOURCES ?= ../shared/upstream
+# Lightning's own tests, stock and with the package: see tools/upstream_suite.py.
+LIGHTNING_TESTS ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-2.6.5-tests.tar.gz)
 # The first line of a recipe that needs them (test-lightning, test-patched): stops it when the archive is missing.
 NEED_LIGHTNING_TESTS = @test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests" \
-	"(lightning-2.6.5-tests.tar.gz) not found in ../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; \
+	"(lightning-2.6.5-tests.tar.gz) not found in $(LIGHTNING_SOURCES)/: set LIGHTNING_SOURCES=<its folder>" >&2; \
 	exit 1; }
 LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
@@ -49,11 +52,10 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 # `series` of .patch files). The trees are recreated on every run (~2 s): do not work inside them. Each is installed
 # editable in a venv of its own, without ddp_sigterm: see tools/upstream_suite.py.
 # SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
-LIGHTNING_MASTER ?= $(firstword $(wildcard ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \
-	/work/shared/upstream/lightning-master-7f0c3436cd.tar.gz))
+LIGHTNING_MASTER ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-master-7f0c3436cd.tar.gz)
 # The open upstream pull requests' diffs; a series' `base` file names those it is stacked on (applied first, in
 # master-base/ and master-patched/; patches/build.sh does the same for the release build).
-OPEN_PRS ?= $(firstword $(wildcard ../shared/upstream/open-prs /work/shared/upstream/open-prs))
+OPEN_PRS ?= $(LIGHTNING_SOURCES)/open-prs
 SERIES_MASTER ?= patches/lightning-master
 UPSTREAM := build/upstream
 VENV_UPSTREAM := .venv-upstream
@@ -138,9 +140,9 @@ endef
 
 upstream-trees:
 	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot (lightning-master-7f0c3436cd.tar.gz)" \
-		"not found in ../shared/upstream/: set LIGHTNING_MASTER=<path of the archive>" >&2; exit 1; }
+		"not found in $(LIGHTNING_SOURCES)/: set LIGHTNING_SOURCES=<its folder>" >&2; exit 1; }
 	$(PYTHON) tools/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
-		$(if $(OPEN_PRS),--open-prs $(OPEN_PRS)) --into $(UPSTREAM)
+		--open-prs $(OPEN_PRS) --into $(UPSTREAM)
 
 $(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt $(LIGHTNING_MASTER) \
 		| upstream-trees
