@@ -169,7 +169,7 @@ def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -
     venv = Path(sys.prefix).name
     make = f"make soak N={len(rows)} SEED={seed}"
     if venv != ".venv":
-        make += f" PYTHON={sys._base_executable} VENV={venv}"
+        make += f" PYTHON={Path(sys._base_executable).name} VENV={venv}"  # its name: a path is one machine's
     phase_counts = ", ".join(f"{k}: {v}" for k, v in sorted(phases.items()))
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("torch", "lightning"))
     return f"""Last recorded soak: `{make}`: **{len(rows)} runs, {len(failures)} failed**, \
