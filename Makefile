@@ -7,9 +7,11 @@ VENV_PATCHED := .venv-patched
 SERIES := patches/lightning-2.6.6
 PATCHED_WHEEL := dist/lightning-2.6.6+ddpsigterm-py3-none-any.whl
 PIP_FLAGS := --quiet --disable-pip-version-check
-# The Lightning releases make test-versions runs on (lightning and pytorch_lightning, each venv has both): before
-# #20825 (2.5.1), the first with it (2.5.2), the last 2.5.x, 2.6.0 and 2.6.6. _lightning/internals.py's CHECKED.
-VERSIONS := 2.5.1 2.5.2 2.5.6 2.6.0 2.6.6
+# The Lightning releases make test-versions runs on (lightning and pytorch_lightning, each venv has both): those the
+# package's Lightning internals were checked against, listed once, as CHECKED in $(INTERNALS) (README.md says why
+# each). VERSIONS=<release> runs one of them, as each job of the CI's matrix does.
+INTERNALS := src/ddp_sigterm/_lightning/internals.py
+VERSIONS := $(shell sed -n 's/^CHECKED *= *(\(.*\)).*/\1/p' $(INTERNALS) | tr -d '",')
 TORCH := $(shell sed -n 's/^torch==//p' requirements/constraints.txt)
 # The scenarios (and the Trainer example) marked patched, run by the patched Lightning (no ddp_sigterm there;
 # the version is asserted), then the test the patch series adds to Lightning's own suite.
@@ -79,7 +81,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 		test_trainer_calls_datamodule_on_exception) \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
-.PHONY: test test-unit lint test-versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
+.PHONY: test test-unit lint test-versions versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
 	soak bench bench-grace bench-multinode bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt requirements/storage.txt
@@ -174,6 +176,8 @@ lint: $(VENV)/.lint-installed
 # distributions, run by that release's Python) and the scenarios marked `versions` (rank 0 and rank 1 signalled at
 # batch 2, then resume, for lightning.pytorch and pytorch_lightning; the release is asserted in each rank's outcome).
 test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.installed)
+	@test -n "$(VERSIONS)" || { echo "error: no releases in VERSIONS (none read from CHECKED in $(INTERNALS))" >&2; \
+		exit 1; }
 	@set -e; for v in $(VERSIONS); do \
 		echo "== Lightning $$v"; \
 		CANARY_DISTRIBUTIONS=lightning,pytorch_lightning .venv-lightning-$$v/bin/python -m pytest -ra -q \
@@ -184,6 +188,10 @@ test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.
 
 # What keeps make test under 10 minutes out of it: jobs repeated to catch what happens now and then (gloo's abort at
 # exit), the stop signals other than SIGTERM and SIGINT, and the examples' second launchers.
+# The releases of make test-versions, one line, for the CI's matrix.
+versions:
+	@echo $(VERSIONS)
+
 test-extended: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra -m extended
 
