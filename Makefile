@@ -51,7 +51,7 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 # Lightning's master snapshot (source and tests), unpacked three times into $(UPSTREAM): master/ as it is, master-base/
 # with the open pull requests the series is stacked on (its `base`: #21666), master-patched/ with those and the pull
 # requests of $(SERIES_MASTER) applied by git am (its `series` names one folder per pull request, each with its own
-# `series` of .patch files). The trees are recreated on every run (~2 s): do not work inside them. Each is installed
+# `series` of .patch files). The trees are recreated on every run: do not work inside them. Each is installed
 # editable in a venv of its own, without ddp_sigterm: see tools/upstream_suite.py.
 # SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
 LIGHTNING_MASTER ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-master-7f0c3436cd.tar.gz)
@@ -64,13 +64,13 @@ VENV_UPSTREAM := .venv-upstream
 VENV_UPSTREAM_PATCHED := .venv-upstream-patched
 # master + the series' base alone (#21666): the floor of make bench-master; not needed by make test-upstream
 VENV_UPSTREAM_BASE := .venv-upstream-base
-# Master's tests of the code the series touches; each tree's run takes ~2 min here (the target ~4), so whole folders
-# where they are cheap and files where they are not: connectors/ (up to ~2 min alone, most of it test_data_connector's
-# persistent-workers warning test, kept: DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's
-# and SIGTERMException's tests; the OnExceptionCheckpoint / save_on_exception tests (master has no
-# callbacks/test_on_exception_checkpoint.py: they live in checkpointing/test_model_checkpoint.py, whole, ~15 s, and in
-# trainer/test_trainer.py, whose whole file takes ~90 s, mostly ddp_spawn tests: only its exception tests);
-# test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes are run too.
+# Master's tests of the code the series touches, run in each tree: whole folders where they are cheap and files where
+# they are not: connectors/ (most of its time is test_data_connector's persistent-workers warning test, kept:
+# DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's and SIGTERMException's tests; the
+# OnExceptionCheckpoint / save_on_exception tests (master has no callbacks/test_on_exception_checkpoint.py: they live
+# in checkpointing/test_model_checkpoint.py, whole, and in trainer/test_trainer.py, mostly slow ddp_spawn tests: only
+# its exception tests); test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes
+# are run too.
 UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py tests_pytorch/utilities/test_combined_loader.py \
 	tests_pytorch/utilities/test_exceptions.py \
@@ -186,7 +186,7 @@ test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.
 			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
 	done
 
-# What keeps make test under 10 minutes out of it: jobs repeated to catch what happens now and then (gloo's abort at
+# What make test leaves out to stay short: jobs repeated to catch what happens now and then (gloo's abort at
 # exit), the stop signals other than SIGTERM and SIGINT, and the examples' second launchers.
 # The releases of make test-versions, one line, for the CI's matrix.
 versions:
@@ -245,7 +245,7 @@ N ?= 10
 soak: $(VENV)/.installed
 	$(VENV)/bin/python tools/soak.py $(N) $(if $(SEED),--seed $(SEED)) $(if $(RECORD),--record $(RECORD))
 
-# Benchmarks (not a test: minutes of measurement). Writes docs/benchmarks.md and its plot.
+# Benchmarks (not a test: they measure, they do not check). Writes docs/benchmarks.md and its plot.
 $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/bench.txt
 	touch $@
