@@ -35,15 +35,16 @@ PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/
 		--out build/standalone-patched $(RELEASE_STANDALONE)
 
 # Lightning's sources that no package index has: its tests (the release sdist has none), its master snapshot and the
-# open upstream pull requests' diffs, in one folder laid out as ../shared/upstream/README.md describes.
-# LIGHTNING_SOURCES=<folder> points elsewhere; LIGHTNING_TESTS, LIGHTNING_MASTER and OPEN_PRS name one item each.
+# open upstream pull requests' diffs, in one folder; make fetch-upstream builds what it lacks from Lightning's git
+# repository (tools/fetch_upstream.sh says what each is). LIGHTNING_SOURCES=<folder> points elsewhere;
+# LIGHTNING_TESTS, LIGHTNING_MASTER and OPEN_PRS name one item each.
 LIGHTNING_SOURCES ?= ../shared/upstream
 # Lightning's own tests, stock and with the package: see tools/upstream_suite.py.
 LIGHTNING_TESTS ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-2.6.5-tests.tar.gz)
 # The first line of a recipe that needs them (test-lightning, test-patched): stops it when the archive is missing.
 NEED_LIGHTNING_TESTS = @test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests" \
-	"(lightning-2.6.5-tests.tar.gz) not found in $(LIGHTNING_SOURCES)/: set LIGHTNING_SOURCES=<its folder>" >&2; \
-	exit 1; }
+	"(lightning-2.6.5-tests.tar.gz) not found in $(LIGHTNING_SOURCES)/: make fetch-upstream builds it there, or set" \
+	"LIGHTNING_SOURCES=<its folder>" >&2; exit 1; }
 LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py
@@ -82,6 +83,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
 .PHONY: test test-unit lint test-versions versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
+	fetch-upstream venv \
 	soak bench bench-grace bench-multinode bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt requirements/storage.txt
@@ -142,7 +144,8 @@ endef
 
 upstream-trees:
 	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot (lightning-master-7f0c3436cd.tar.gz)" \
-		"not found in $(LIGHTNING_SOURCES)/: set LIGHTNING_SOURCES=<its folder>" >&2; exit 1; }
+		"not found in $(LIGHTNING_SOURCES)/: make fetch-upstream builds it there, or set LIGHTNING_SOURCES=<its folder>" \
+		>&2; exit 1; }
 	$(PYTHON) tools/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
 		--open-prs $(OPEN_PRS) --into $(UPSTREAM)
 
@@ -159,6 +162,10 @@ $(VENV_UPSTREAM_BASE)/.installed: requirements/constraints-upstream.txt requirem
 	$(call upstream_venv,$(VENV_UPSTREAM_BASE),$(UPSTREAM)/master-base)
 
 venv: $(VENV)/.installed
+
+# Clones Lightning's repository (network) when $(LIGHTNING_SOURCES) lacks one of its files; otherwise does nothing.
+fetch-upstream:
+	bash tools/fetch_upstream.sh $(LIGHTNING_SOURCES)
 
 patched-lightning: $(VENV_PATCHED)/.installed
 
