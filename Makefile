@@ -7,9 +7,11 @@ VENV_PATCHED := .venv-patched
 SERIES := patches/lightning-2.6.6
 PATCHED_WHEEL := dist/lightning-2.6.6+ddpsigterm-py3-none-any.whl
 PIP_FLAGS := --quiet --disable-pip-version-check
-# The Lightning releases make test-versions runs on (lightning and pytorch_lightning, each venv has both): before
-# #20825 (2.5.1), the first with it (2.5.2), the last 2.5.x, 2.6.0 and 2.6.6. _lightning/internals.py's CHECKED.
-VERSIONS := 2.5.1 2.5.2 2.5.6 2.6.0 2.6.6
+# The Lightning releases make test-versions runs on (lightning and pytorch_lightning, each venv has both): those the
+# package's Lightning internals were checked against, listed once, as CHECKED in $(INTERNALS) (README.md says why
+# each). VERSIONS=<release> runs one of them, as each job of the CI's matrix does.
+INTERNALS := src/ddp_sigterm/_lightning/internals.py
+VERSIONS := $(shell sed -n 's/^CHECKED *= *(\(.*\)).*/\1/p' $(INTERNALS) | tr -d '",')
 TORCH := $(shell sed -n 's/^torch==//p' requirements/constraints.txt)
 # The scenarios (and the Trainer example) marked patched, run by the patched Lightning (no ddp_sigterm there;
 # the version is asserted), then the test the patch series adds to Lightning's own suite.
@@ -20,7 +22,7 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 # (patches/build.sh --tests): the 16 test_auto_restart_under_signal cases, the signal connector's tests, the
 # CombinedLoader's and SIGTERMException's tests, and fabric's test_distributed.py (run apart: another conftest); then
 # the standalone two-process tests of test_ddp_sigterm_handling.py, one pytest process each, as Lightning's CI runs
-# them (tests/upstream_suite.py standalone). Run from the tests/ folder, as Lightning's CI does, by the patched build
+# them (tools/upstream_suite.py standalone). Run from the tests/ folder, as Lightning's CI does, by the patched build
 # alone.
 RELEASE_TESTS := build/lightning-2.6.6-tests/tests
 RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
@@ -29,16 +31,20 @@ PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/
 	tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/utilities/test_combined_loader.py tests_pytorch/utilities/test_exceptions.py \
 	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py && cd $(CURDIR) \
-	&& $(PYTHON) tests/upstream_suite.py standalone --python $(VENV_PATCHED)/bin/python --tests $(RELEASE_TESTS) \
+	&& $(PYTHON) tools/upstream_suite.py standalone --python $(VENV_PATCHED)/bin/python --tests $(RELEASE_TESTS) \
 		--out build/standalone-patched $(RELEASE_STANDALONE)
 
-# Lightning's own tests (the release sdist has none), stock and with the package: see tests/upstream_suite.py.
-LIGHTNING_TESTS ?= $(firstword $(wildcard ../shared/upstream/lightning-2.6.5-tests.tar.gz \
-	/work/shared/upstream/lightning-2.6.5-tests.tar.gz))
+# Lightning's sources that no package index has: its tests (the release sdist has none), its master snapshot and the
+# open upstream pull requests' diffs, in one folder; make fetch-upstream builds what it lacks from Lightning's git
+# repository (tools/fetch_upstream.sh says what each is). LIGHTNING_SOURCES=<folder> points elsewhere;
+# LIGHTNING_TESTS, LIGHTNING_MASTER and OPEN_PRS name one item each.
+LIGHTNING_SOURCES ?= ../shared/upstream
+# Lightning's own tests, stock and with the package: see tools/upstream_suite.py.
+LIGHTNING_TESTS ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-2.6.5-tests.tar.gz)
 # The first line of a recipe that needs them (test-lightning, test-patched): stops it when the archive is missing.
 NEED_LIGHTNING_TESTS = @test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests" \
-	"(lightning-2.6.5-tests.tar.gz) not found in ../shared/upstream/: set LIGHTNING_TESTS=<path of the archive>" >&2; \
-	exit 1; }
+	"(lightning-2.6.5-tests.tar.gz) not found in $(LIGHTNING_SOURCES)/: make fetch-upstream builds it there, or set" \
+	"LIGHTNING_SOURCES=<its folder>" >&2; exit 1; }
 LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py
@@ -46,27 +52,26 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 # Lightning's master snapshot (source and tests), unpacked three times into $(UPSTREAM): master/ as it is, master-base/
 # with the open pull requests the series is stacked on (its `base`: #21666), master-patched/ with those and the pull
 # requests of $(SERIES_MASTER) applied by git am (its `series` names one folder per pull request, each with its own
-# `series` of .patch files). The trees are recreated on every run (~2 s): do not work inside them. Each is installed
-# editable in a venv of its own, without ddp_sigterm: see tests/upstream_suite.py.
+# `series` of .patch files). The trees are recreated on every run: do not work inside them. Each is installed
+# editable in a venv of its own, without ddp_sigterm: see tools/upstream_suite.py.
 # SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
-LIGHTNING_MASTER ?= $(firstword $(wildcard ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \
-	/work/shared/upstream/lightning-master-7f0c3436cd.tar.gz))
+LIGHTNING_MASTER ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-master-7f0c3436cd.tar.gz)
 # The open upstream pull requests' diffs; a series' `base` file names those it is stacked on (applied first, in
 # master-base/ and master-patched/; patches/build.sh does the same for the release build).
-OPEN_PRS ?= $(firstword $(wildcard ../shared/upstream/open-prs /work/shared/upstream/open-prs))
+OPEN_PRS ?= $(LIGHTNING_SOURCES)/open-prs
 SERIES_MASTER ?= patches/lightning-master
 UPSTREAM := build/upstream
 VENV_UPSTREAM := .venv-upstream
 VENV_UPSTREAM_PATCHED := .venv-upstream-patched
 # master + the series' base alone (#21666): the floor of make bench-master; not needed by make test-upstream
 VENV_UPSTREAM_BASE := .venv-upstream-base
-# Master's tests of the code the series touches; each tree's run takes ~2 min here (the target ~4), so whole folders
-# where they are cheap and files where they are not: connectors/ (up to ~2 min alone, most of it test_data_connector's
-# persistent-workers warning test, kept: DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's
-# and SIGTERMException's tests; the OnExceptionCheckpoint / save_on_exception tests (master has no
-# callbacks/test_on_exception_checkpoint.py: they live in checkpointing/test_model_checkpoint.py, whole, ~15 s, and in
-# trainer/test_trainer.py, whose whole file takes ~90 s, mostly ddp_spawn tests: only its exception tests);
-# test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes are run too.
+# Master's tests of the code the series touches, run in each tree: whole folders where they are cheap and files where
+# they are not: connectors/ (most of its time is test_data_connector's persistent-workers warning test, kept:
+# DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's and SIGTERMException's tests; the
+# OnExceptionCheckpoint / save_on_exception tests (master has no callbacks/test_on_exception_checkpoint.py: they live
+# in checkpointing/test_model_checkpoint.py, whole, and in trainer/test_trainer.py, mostly slow ddp_spawn tests: only
+# its exception tests); test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes
+# are run too.
 UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py tests_pytorch/utilities/test_combined_loader.py \
 	tests_pytorch/utilities/test_exceptions.py \
@@ -77,7 +82,8 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 		test_trainer_calls_datamodule_on_exception) \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
-.PHONY: test test-unit lint test-versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
+.PHONY: test test-unit lint test-versions versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
+	fetch-upstream venv \
 	soak bench bench-grace bench-multinode bench-master demo clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt requirements/storage.txt
@@ -138,9 +144,10 @@ endef
 
 upstream-trees:
 	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot (lightning-master-7f0c3436cd.tar.gz)" \
-		"not found in ../shared/upstream/: set LIGHTNING_MASTER=<path of the archive>" >&2; exit 1; }
-	$(PYTHON) tests/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
-		$(if $(OPEN_PRS),--open-prs $(OPEN_PRS)) --into $(UPSTREAM)
+		"not found in $(LIGHTNING_SOURCES)/: make fetch-upstream builds it there, or set LIGHTNING_SOURCES=<its folder>" \
+		>&2; exit 1; }
+	$(PYTHON) tools/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
+		--open-prs $(OPEN_PRS) --into $(UPSTREAM)
 
 $(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt $(LIGHTNING_MASTER) \
 		| upstream-trees
@@ -155,6 +162,10 @@ $(VENV_UPSTREAM_BASE)/.installed: requirements/constraints-upstream.txt requirem
 	$(call upstream_venv,$(VENV_UPSTREAM_BASE),$(UPSTREAM)/master-base)
 
 venv: $(VENV)/.installed
+
+# Clones Lightning's repository (network) when $(LIGHTNING_SOURCES) lacks one of its files; otherwise does nothing.
+fetch-upstream:
+	bash tools/fetch_upstream.sh $(LIGHTNING_SOURCES)
 
 patched-lightning: $(VENV_PATCHED)/.installed
 
@@ -172,6 +183,8 @@ lint: $(VENV)/.lint-installed
 # distributions, run by that release's Python) and the scenarios marked `versions` (rank 0 and rank 1 signalled at
 # batch 2, then resume, for lightning.pytorch and pytorch_lightning; the release is asserted in each rank's outcome).
 test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.installed)
+	@test -n "$(VERSIONS)" || { echo "error: no releases in VERSIONS (none read from CHECKED in $(INTERNALS))" >&2; \
+		exit 1; }
 	@set -e; for v in $(VERSIONS); do \
 		echo "== Lightning $$v"; \
 		CANARY_DISTRIBUTIONS=lightning,pytorch_lightning .venv-lightning-$$v/bin/python -m pytest -ra -q \
@@ -180,8 +193,12 @@ test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.
 			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
 	done
 
-# What keeps make test under 10 minutes out of it: jobs repeated to catch what happens now and then (gloo's abort at
+# What make test leaves out to stay short: jobs repeated to catch what happens now and then (gloo's abort at
 # exit), the stop signals other than SIGTERM and SIGINT, and the examples' second launchers.
+# The releases of make test-versions, one line, for the CI's matrix.
+versions:
+	@echo $(VERSIONS)
+
 test-extended: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra -m extended
 
@@ -192,12 +209,12 @@ test-unit: $(VENV)/.installed
 # every test must end as it does on stock Lightning, but for the accepted differences listed in the script.
 test-lightning: $(VENV)/.installed
 	$(NEED_LIGHTNING_TESTS)
-	$(VENV)/bin/python tests/upstream_suite.py package --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
+	$(VENV)/bin/python tools/upstream_suite.py package --archive $(LIGHTNING_TESTS) --into build $(LIGHTNING_TEST_FILES)
 
 # Lightning master's own tests, from the unpatched and the patched tree, each with its venv: fails on a test the
 # series breaks, a new test that fails, a test that disappears but with its file, a run that does not finish.
 test-upstream: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_PATCHED)/.installed
-	$(PYTHON) tests/upstream_suite.py trees --series $(SERIES_MASTER) --out $(UPSTREAM)/results \
+	$(PYTHON) tools/upstream_suite.py trees --series $(SERIES_MASTER) --out $(UPSTREAM)/results \
 		--unpatched $(UPSTREAM)/master $(VENV_UPSTREAM)/bin/python \
 		--patched $(UPSTREAM)/master-patched $(VENV_UPSTREAM_PATCHED)/bin/python $(UPSTREAM_TEST_FILES)
 
@@ -207,7 +224,7 @@ test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh --tests $(LIGHTNING_TESTS)
 	$(PYTEST_LIGHTNING_TEST)
 
-# Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tests/slurm_cluster.py): installs
+# Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tools/slurm_cluster.py): installs
 # slurm-wlm and munge with apt-get when missing (root), configures the cluster under build/slurm (never /etc; refuses
 # to start next to a configured or running SLURM), and stops every daemon it started, by pid, whatever happened.
 # With the package and with the patched Lightning. Where it cannot run, the tests are skipped with the reason;
@@ -229,13 +246,13 @@ test-multinode: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	MULTINODE_PATCHED_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python MULTINODE_REQUIRED=$(MULTINODE_REQUIRED) \
 		$(VENV)/bin/python -m pytest -ra --durations=0 -m multinode tests/test_multinode.py
 
-# Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tests/soak.py).
+# Randomized fault soak: N real jobs, each stopped by a random fault, then resumed (tools/soak.py).
 # SEED=S replays a soak; RECORD=docs/reliability.md writes its summary there.
 N ?= 10
 soak: $(VENV)/.installed
-	$(VENV)/bin/python tests/soak.py $(N) $(if $(SEED),--seed $(SEED)) $(if $(RECORD),--record $(RECORD))
+	$(VENV)/bin/python tools/soak.py $(N) $(if $(SEED),--seed $(SEED)) $(if $(RECORD),--record $(RECORD))
 
-# Benchmarks (not a test: minutes of measurement). Writes docs/benchmarks.md and its plot.
+# Benchmarks (not a test: they measure, they do not check). Writes docs/benchmarks.md and its plot.
 $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
 	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/bench.txt
 	touch $@

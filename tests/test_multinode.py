@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,6 @@ from helpers import (
     assert_finished,
     per_rank,
     saved_step,
-    steps_done,
 )
 
 pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
@@ -181,57 +179,35 @@ def test_slurm_preempts_both_nodes_requeues_and_resumes(slurm: slurm_cluster.Clu
     max_steps = 400
     root = tmp_path / "checkpoints"
     env = {**slurm.env, "PYTHON": sys.executable, "ROOT": str(root), "PYTHONUNBUFFERED": "1", "MASTER_PORT": PORT}
-    job = subprocess.run(["sbatch", "--parsable", f"--chdir={HERE.parent}", f"--output={tmp_path}/slurm-%j.out",
-                          "--partition=low", f"--nodes={NODES}", f"--ntasks-per-node={DEVICES}",
-                          str(EXAMPLES / "slurm" / "trainer.sbatch"), "--num-nodes", str(NODES), "--max-steps",
-                          str(max_steps), "--step-seconds", "0.05"],
-                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout.strip()
-    out = tmp_path / f"slurm-{job}.out"
-
-    def text() -> str:
-        return out.read_text(errors="replace") if out.exists() else ""
-
-    def why() -> str:
-        return f"{slurm.run('scontrol', 'show', 'job', job, check=False)}\n{text()[-6000:]}\n{slurm.diagnosis()}"
-
-    def wait(what: str, predicate, timeout: float = MUST_FINISH):
-        try:
-            return slurm.wait_for(what, predicate, timeout)
-        except TimeoutError as error:
-            raise AssertionError(f"{error}\n{why()}") from None
-
-    wait("step 20 on every rank", lambda: all(step >= 20 for step in per_rank_last_step(text()).values())
-         and len(per_rank_last_step(text())) == WORLD)
+    sbatch = [f"--chdir={HERE.parent}", "--partition=low", f"--nodes={NODES}", f"--ntasks-per-node={DEVICES}",
+              str(EXAMPLES / "slurm" / "trainer.sbatch"), "--num-nodes", str(NODES), "--max-steps", str(max_steps),
+              "--step-seconds", "0.05"]
+    job = slurm_cluster.Job(slurm, tmp_path, sbatch, env, ranks=WORLD)
+    job.wait_for_step(20)
     high = slurm.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp_path}/high-%j.out",
                      "--wrap=sleep 5").strip()
     preempting = time.monotonic()
-    wait("the requeue", lambda: (lambda f: f.get("Restarts") == "1" and f.get("JobState") == "PENDING")(
-        slurm.job(job)), slurm_cluster.GRACE_TIME + 30)
+    job.wait_requeued(timeout=slurm_cluster.GRACE_TIME + 30)
     requeued_in = time.monotonic() - preempting
-    first = text()
+    first = job.text()
     stops = per_rank(r"stopped at step (\d+)", first)
-    assert sorted(stops) == list(range(WORLD)), why()
-    assert len(set(stops.values())) == 1, why()
+    assert sorted(stops) == list(range(WORLD)), job.describe()
+    assert len(set(stops.values())) == 1, job.describe()
     (step,) = set(stops.values())
-    assert "requeued: SLURM is preempting it" in first, why()
-    assert requeued_in < slurm_cluster.GRACE_TIME, why()
-    wait(f"end of the high job {high}", lambda: slurm.job(high).get("JobState") == "COMPLETED", 60)
-    slurm.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # a requeued job waits ~2 min otherwise
-    fields = wait("the job's end", lambda: (lambda f: f if f.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED",
-                                                                                  "TIMEOUT") else None)(slurm.job(job)))
-    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why()
-    second = text()[len(first):]
-    assert per_rank(r"pid \d+, starting at step (\d+)", second) == dict.fromkeys(range(WORLD), step), why()
-    assert per_rank(r"finished at step (\d+)", second) == dict.fromkeys(range(WORLD), max_steps), why()
+    assert "requeued: SLURM is preempting it" in first, job.describe()
+    assert requeued_in < slurm_cluster.GRACE_TIME, job.describe()
+    job.wait(f"end of the high job {high}", lambda: slurm.job(high).get("JobState") == "COMPLETED", 60)
+    job.start_now()
+    fields = job.wait_ended()
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), job.describe()
+    second = job.text()[len(first):]
+    assert per_rank(r"pid \d+, starting at step (\d+)", second) == dict.fromkeys(range(WORLD), step), job.describe()
+    assert per_rank(r"finished at step (\d+)", second) == dict.fromkeys(range(WORLD), max_steps), job.describe()
     for node in slurm.node.split(","):  # each run's tasks ran on both nodes (each slurmd launched them)
         log = (slurm.root / "log" / f"slurmd-{node}.log").read_text()
-        assert log.count(f"launch task StepId={job}.0 request") == 2, f"{node}: {log}"
-    print(f"two-node SLURM job {job}: stopped at step {step}, requeued {requeued_in:.1f} s after the high job's "
+        assert log.count(f"launch task StepId={job.id}.0 request") == 2, f"{node}: {log}"
+    print(f"two-node SLURM job {job.id}: stopped at step {step}, requeued {requeued_in:.1f} s after the high job's "
           f"sbatch (GraceTime={slurm_cluster.GRACE_TIME}), then finished at step {max_steps}")
-
-
-def per_rank_last_step(text: str) -> dict[int, int]:
-    return {rank: max(steps) for rank, steps in steps_done(text).items()}
 
 
 # -- Gloo's pitfalls -------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""SLURM end to end, on a real cluster: a private one-node cluster (tests/slurm_cluster.py) runs real
+"""SLURM end to end, on a real cluster: a private one-node cluster (tools/slurm_cluster.py) runs real
 ``sbatch`` jobs of 2 tasks, each running an unchanged example script through the sbatch scripts users
 copy (examples/slurm/), stopped the ways SLURM stops jobs: ``scancel --signal=TERM``, the time limit's
 warning signal with auto-requeue (``--signal=SIGUSR1@<s> --requeue``), and preemption by a job of a
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,10 +30,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.scenario]
 REPO = Path(__file__).resolve().parent.parent
 PYTHONS = {"package": sys.executable, "patched": os.environ.get("SLURM_PATCHED_PYTHON")}
 STEP_SECONDS = 0.05
-MUST_FINISH = 180.0  # a run to its end, or a stop
 REPORT = Path(os.environ.get("SLURM_REPORT", REPO / "build" / "slurm-report.md"))
-# The SLURM-decided parts of the job's life, read from the output: the batch script's own line, srun's summary.
-RUN_LINE = re.compile(r"^sbatch: job \d+ run (\d+) ", re.MULTILINE)
 
 
 @pytest.fixture(scope="session")
@@ -74,96 +70,23 @@ def python_for(implementation: str) -> str:
     return python
 
 
-class Job:
-    """One ``sbatch`` job of the test cluster; its output file is ``<tmp>/slurm-<id>.out``."""
+class ExampleJob(slurm_cluster.Job):
+    """A 2-task job of examples/slurm/<script>.sbatch run by ``implementation``'s Python, its checkpoints under
+    ``<tmp>/checkpoints``."""
 
     def __init__(self, cluster: slurm_cluster.Cluster, tmp: Path, script: str, implementation: str,
                  sbatch: list[str], args: list[str]) -> None:
-        self.cluster, self.root, self.implementation = cluster, tmp / "checkpoints", implementation
+        self.root, self.implementation = tmp / "checkpoints", implementation
         env = {**cluster.env, "PYTHON": python_for(implementation), "ROOT": str(self.root), "PYTHONUNBUFFERED": "1",
                "MASTER_PORT": str(free_port())}
         if implementation == "patched":  # that Lightning stops every rank; OnExceptionCheckpoint saves the stop
             args = [*args, "--on-exception-checkpoint"]
-        argv = ["sbatch", "--parsable", f"--chdir={REPO}", f"--output={tmp}/slurm-%j.out", *sbatch,
-                str(REPO / "examples" / "slurm" / f"{script}.sbatch"), "--step-seconds", str(STEP_SECONDS), *args]
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
-        self.id = done.stdout.strip().split(";")[0]
-        self.out = tmp / f"slurm-{self.id}.out"
-        self.submitted = time.monotonic()
-
-    def text(self) -> str:
-        return self.out.read_text(errors="replace") if self.out.exists() else ""
-
-    def runs(self) -> list[str]:
-        """The output of each run of the job (a requeued job appends the next run's)."""
-        text = self.text()
-        starts = [m.start() for m in RUN_LINE.finditer(text)]
-        return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
-
-    def fields(self) -> dict[str, str]:
-        return self.cluster.job(self.id)
-
-    def describe(self) -> str:
-        fields = self.fields()
-        shown = " ".join(f"{k}={fields.get(k)}" for k in ("JobState", "Reason", "ExitCode", "Restarts", "StartTime",
-                                                           "EndTime", "PreemptTime"))
-        lines = [line for line in self.text().splitlines() if not re.fullmatch(r"\[rank \d+\] step \d+", line)]
-        return f"job {self.id}: {shown}\n----- {self.out} without the step lines -----\n" + "\n".join(lines[-60:])
-
-    def wait(self, what: str, predicate, timeout: float = MUST_FINISH):
-        try:
-            return self.cluster.wait_for(what, predicate, timeout)
-        except TimeoutError as error:
-            raise AssertionError(f"{error}\n{self.describe()}") from None
-
-    def wait_for_step(self, step: int) -> None:
-        """Until both ranks of the current run have printed ``step``."""
-        def reached() -> bool:
-            runs = self.runs()
-            done = steps_done(runs[-1]) if runs else {}
-            return all(max(done.get(rank, [0])) >= step for rank in (0, 1))
-        self.wait(f"step {step} on both ranks of job {self.id}", reached)
-
-    def wait_ended(self, timeout: float = MUST_FINISH) -> dict[str, str]:
-        """Until SLURM records the job ended (not requeued); its fields."""
-        return self.wait(f"end of job {self.id}", lambda: (lambda f: f if f.get("JobState") in ENDED else None)(
-            self.fields()), timeout)
-
-    def wait_requeued(self, restarts: int = 1, timeout: float = MUST_FINISH) -> dict[str, str]:
-        """Until SLURM has requeued the job ``restarts`` times and it waits to run again; its fields."""
-        def requeued():
-            fields = self.fields()
-            return fields if fields.get("Restarts") == str(restarts) and fields.get("JobState") == "PENDING" else None
-        return self.wait(f"requeue of job {self.id}", requeued, timeout)
-
-    def start_now(self, minutes: int = 10) -> None:
-        """A requeued job waits ~2 min (``Reason=BeginTime``): start it now, with a time limit that its
-        second run cannot reach (so the time limit's warning signal does not come again)."""
-        self.cluster.run("scontrol", "update", f"JobId={self.id}", "StartTime=now", f"TimeLimit={minutes}")
-
-    def assert_nothing_left(self) -> None:
-        """No process of the job is still running (slurmstepd, srun, a rank, a DataLoader worker)."""
-        left = self.wait(f"exit of every process of job {self.id}", lambda: not job_processes(self.id) or None, 30)
-        assert left, f"job {self.id} left {job_processes(self.id)}"
+        sbatch = [f"--chdir={REPO}", *sbatch, str(REPO / "examples" / "slurm" / f"{script}.sbatch"),
+                  "--step-seconds", str(STEP_SECONDS), *args]
+        super().__init__(cluster, tmp, sbatch, env, ranks=2)
 
 
 KILLED = -9  # srun's "Killed"
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
-         "DEADLINE"}
-
-
-def job_processes(job_id: str) -> list[int]:
-    """Processes whose environment says they belong to SLURM job ``job_id``."""
-    marker = f"SLURM_JOB_ID={job_id}\0".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "environ").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def task_exit_codes(run: str) -> dict[int, int]:
@@ -181,12 +104,12 @@ def codes_text(run: str) -> str:
     return ", ".join(f"task {t}: {'killed' if c == KILLED else c}" for t, c in sorted(task_exit_codes(run).items()))
 
 
-def report(test: str, job: Job, recorded: str, times: str) -> None:
+def report(test: str, job: ExampleJob, recorded: str, times: str) -> None:
     with REPORT.open("a") as out:
         out.write(f"| {test} | {job.id} | {recorded} | {times} |\n")
 
 
-def assert_stopped_together(job: Job, run: str, script: str, signum_exit: int, requeued: bool = False) -> int:
+def assert_stopped_together(job: ExampleJob, run: str, script: str, signum_exit: int, requeued: bool = False) -> int:
     """In one run's output: both ranks stopped at the same step and went no further, srun saw both tasks
     exit 128 + the signal, and the one checkpoint holds that step; returns the step. ``requeued``: the
     job requeued itself, and SLURM ends a requeued job's tasks (srun answers its SIGTERM with SIGKILL):
@@ -210,7 +133,7 @@ def assert_stopped_together(job: Job, run: str, script: str, signum_exit: int, r
     return step
 
 
-def assert_resumed_and_finished(job: Job, run: str, step: int, max_steps: int) -> None:
+def assert_resumed_and_finished(job: ExampleJob, run: str, step: int, max_steps: int) -> None:
     why = job.describe()
     assert per_rank(r"pid \d+, starting at step (\d+)", run) == {0: step, 1: step}, f"did not resume at {step}\n{why}"
     expected = list(range(step + 1, max_steps + 1))
@@ -226,7 +149,7 @@ def test_scancel_signal_term_stops_every_rank_at_one_step(cluster, tmp_path: Pat
     """``scancel --signal=TERM <job>`` mid-training: SLURM signals every task; both ranks stop at the same
     step, one checkpoint holds it, SLURM records the job FAILED with the tasks' exit code 143, and no
     process of the job is left."""
-    job = Job(cluster, tmp_path, script, implementation, [], ["--max-steps", "2000"])
+    job = ExampleJob(cluster, tmp_path, script, implementation, [], ["--max-steps", "2000"])
     job.wait_for_step(5)
     cancelled = time.monotonic()
     cluster.run("scancel", "--signal=TERM", job.id)
@@ -245,7 +168,7 @@ def test_scancel_signal_term_stops_every_rank_at_one_step(cluster, tmp_path: Pat
                    "before any can save. No sbatch script can shield srun: docs/slurm.md says to leave --full out")
 def test_scancel_full_reaches_srun_which_kills_the_tasks(cluster, tmp_path: Path) -> None:
     """``scancel --full --signal=TERM``: the batch shell and srun get SIGTERM too."""
-    job = Job(cluster, tmp_path, "trainer", "package", [], ["--max-steps", "2000"])
+    job = ExampleJob(cluster, tmp_path, "trainer", "package", [], ["--max-steps", "2000"])
     job.wait_for_step(5)
     cluster.run("scancel", "--full", "--signal=TERM", job.id)
     fields = job.wait_ended()
@@ -265,7 +188,7 @@ def test_auto_requeue_before_the_time_limit_resumes_and_finishes(cluster, tmp_pa
     (``Restarts=1``), runs again, resumes from the stop step and finishes with exactly ``max_steps``
     steps in all, exit 0."""
     max_steps = 1400  # ~80 s of steps: the first run cannot end before the signal
-    job = Job(cluster, tmp_path, "trainer", implementation, ["--time=2", "--signal=SIGUSR1@60"],
+    job = ExampleJob(cluster, tmp_path, "trainer", implementation, ["--time=2", "--signal=SIGUSR1@60"],
               ["--max-steps", str(max_steps)])
     requeued = job.wait_requeued()
     waited = time.monotonic() - job.submitted
@@ -299,7 +222,7 @@ def test_preempted_job_stops_within_the_grace_time_is_requeued_and_finishes(clus
     would not: a preempted job that exits within the grace time ends FAILED). It runs again when the
     high job has ended, resumes and finishes with ``max_steps`` steps, as an uninterrupted run."""
     max_steps = 600
-    job = Job(cluster, tmp_path, "trainer", "package", ["--partition=low"], ["--max-steps", str(max_steps)])
+    job = ExampleJob(cluster, tmp_path, "trainer", "package", ["--partition=low"], ["--max-steps", str(max_steps)])
     job.wait_for_step(20)
     high = cluster.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp_path}/high-%j.out",
                        "--wrap=sleep 5").strip()
@@ -333,7 +256,7 @@ def test_preempted_job_with_the_patched_lightning_stops_but_is_not_requeued(clus
     (OnExceptionCheckpoint saves it) and the job exits within the grace time, so SLURM records it FAILED
     (143) and does not requeue it; the patch requeues only on Lightning's requeue signal (see
     docs/slurm.md). The package requeues it (the test above)."""
-    job = Job(cluster, tmp_path, "trainer", "patched", ["--partition=low"], ["--max-steps", "2000"])
+    job = ExampleJob(cluster, tmp_path, "trainer", "patched", ["--partition=low"], ["--max-steps", "2000"])
     job.wait_for_step(20)
     cluster.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp_path}/high-%j.out",
                 "--wrap=sleep 5")

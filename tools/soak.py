@@ -9,7 +9,7 @@ requeue). Every run must end with every rank at the same stop step, the right ex
 checkpoint that holds that step (and, for SIGUSR1, exactly one requeue); the resumed run must then
 finish exactly the remaining steps, exit 0.
 
-    python tests/soak.py N [--seed S] [--record docs/reliability.md]
+    python tools/soak.py N [--seed S] [--record docs/reliability.md]
 
 Exits non-zero if any run failed; each failure's description (outcomes, log tails) is printed and
 kept under build/soak/. The draws of run i depend only on (seed, i), so a failure can be replayed
@@ -30,7 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the tests' job runner, checks and faults: a soak run is a scenario test's job, drawn at random
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
 from helpers import MUST_FINISH, assert_finished, assert_unison_stop
@@ -41,7 +42,7 @@ MAX_STEPS = 24
 VAL_EVERY = 6  # validation after every 6th training batch: phases in validation come up early
 PHASES = ("batch_start", "forward", "backward", "optimizer", "validation", "save")
 MODES = ("independent", "lightning", "torchrun", "slurm")
-SECTION = ("<!-- soak: written by tests/soak.py --record -->", "<!-- /soak -->")
+SECTION = ("<!-- soak: written by tools/soak.py --record -->", "<!-- /soak -->")
 
 
 @dataclasses.dataclass
@@ -168,7 +169,7 @@ def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -
     venv = Path(sys.prefix).name
     make = f"make soak N={len(rows)} SEED={seed}"
     if venv != ".venv":
-        make += f" PYTHON={sys._base_executable} VENV={venv}"
+        make += f" PYTHON={Path(sys._base_executable).name} VENV={venv}"  # its name: a path is one machine's
     phase_counts = ", ".join(f"{k}: {v}" for k, v in sorted(phases.items()))
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("torch", "lightning"))
     return f"""Last recorded soak: `{make}`: **{len(rows)} runs, {len(failures)} failed**, \
@@ -185,7 +186,7 @@ CI runs `make soak N=10` with a new seed each time.
 | phase of an injected signal | {phase_counts} ("save": a second signal while the stop checkpoint is written) |
 
 Failures: {", ".join(f"run {r}" for r in failures) if failures else "none"}.
-Replay one run: `{venv}/bin/python tests/soak.py 1 --seed {seed} --only <run>`.
+Replay one run: `{venv}/bin/python tools/soak.py 1 --seed {seed} --only <run>`.
 """
 
 

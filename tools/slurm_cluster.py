@@ -9,14 +9,15 @@ running on the machine, rather than risk disturbing it.
 The partitions: ``low`` (the default; preemptible: ``PreemptMode=REQUEUE``, ``GraceTime``) and ``high``
 (a higher ``PriorityTier``: a job there preempts a ``low`` job that holds the CPUs it needs).
 
-    python tests/slurm_cluster.py up build/slurm     # start it; prints the SLURM_CONF to export
-    python tests/slurm_cluster.py down build/slurm   # stop what `up` started
+    python tools/slurm_cluster.py up build/slurm     # start it; prints the SLURM_CONF to export
+    python tools/slurm_cluster.py down build/slurm   # stop what `up` started
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,6 +25,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+# the tests' fixtures (standard library only: `up` and `down` run with any python3)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from harness import free_port
 from nodes import Nodes
@@ -35,6 +39,13 @@ PACKAGES = ("slurm-wlm", "munge")
 # gives a job's processes between a cancel's SIGTERM and SIGKILL (scancel, time limit).
 GRACE_TIME = 30
 KILL_WAIT = 30
+# How long a job's wait may take by default: a run to its end, or a stop.
+MUST_FINISH = 180.0
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+         "DEADLINE"}
+# What examples/slurm/'s scripts print: the batch script's line at the start of each run, each rank's steps.
+RUN_LINE = re.compile(r"^sbatch: job \d+ run (\d+) ", re.MULTILINE)
+STEP_LINE = re.compile(r"\[rank (\d+)\] step (\d+)")
 
 
 class Unavailable(RuntimeError):
@@ -150,6 +161,92 @@ class Cluster:
                     _end(pid, wait=1.0)
 
 
+class Job:
+    """One ``sbatch`` job of ``cluster`` running a script of examples/slurm/ in ``ranks`` tasks; its output file is
+    ``<out>/slurm-<id>.out``. A wait that times out fails (AssertionError) with what SLURM records and the output."""
+
+    def __init__(self, cluster: Cluster, out: Path, sbatch: list[str], env: dict[str, str], ranks: int) -> None:
+        """Submit it: ``sbatch`` holds the options, the script and its arguments; ``env`` the job's environment
+        (``cluster.env`` and what the script reads)."""
+        argv = ["sbatch", "--parsable", f"--output={out}/slurm-%j.out", *sbatch]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
+        self.cluster, self.ranks = cluster, ranks
+        self.id = done.stdout.strip().split(";")[0]
+        self.out = out / f"slurm-{self.id}.out"
+        self.submitted = time.monotonic()
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    def runs(self) -> list[str]:
+        """The output of each run of the job (a requeued job appends the next run's)."""
+        text = self.text()
+        starts = [m.start() for m in RUN_LINE.finditer(text)]
+        return [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
+
+    def fields(self) -> dict[str, str]:
+        return self.cluster.job(self.id)
+
+    def describe(self) -> str:
+        fields = self.fields()
+        shown = " ".join(f"{k}={fields.get(k)}" for k in ("JobState", "Reason", "ExitCode", "Restarts", "StartTime",
+                                                           "EndTime", "PreemptTime"))
+        lines = [line for line in self.text().splitlines() if not STEP_LINE.fullmatch(line)]
+        return f"job {self.id}: {shown}\n----- {self.out} without the step lines -----\n" + "\n".join(lines[-60:])
+
+    def wait(self, what: str, predicate, timeout: float = MUST_FINISH):
+        try:
+            return self.cluster.wait_for(what, predicate, timeout)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}\n{self.describe()}") from None
+
+    def wait_for_step(self, step: int) -> None:
+        """Until every rank of the current run has printed ``step``."""
+        def reached() -> bool:
+            runs = self.runs()
+            last: dict[int, int] = {}
+            for rank, done in STEP_LINE.findall(runs[-1] if runs else ""):
+                last[int(rank)] = max(last.get(int(rank), 0), int(done))
+            return all(last.get(rank, 0) >= step for rank in range(self.ranks))
+        self.wait(f"step {step} on all {self.ranks} ranks of job {self.id}", reached)
+
+    def wait_ended(self, timeout: float = MUST_FINISH) -> dict[str, str]:
+        """Until SLURM records the job ended (not requeued); its fields."""
+        return self.wait(f"end of job {self.id}", lambda: (lambda f: f if f.get("JobState") in ENDED else None)(
+            self.fields()), timeout)
+
+    def wait_requeued(self, restarts: int = 1, timeout: float = MUST_FINISH) -> dict[str, str]:
+        """Until SLURM has requeued the job ``restarts`` times and it waits to run again; its fields."""
+        def requeued():
+            fields = self.fields()
+            return fields if fields.get("Restarts") == str(restarts) and fields.get("JobState") == "PENDING" else None
+        return self.wait(f"requeue of job {self.id}", requeued, timeout)
+
+    def start_now(self, minutes: int = 10) -> None:
+        """A requeued job waits ~2 min (``Reason=BeginTime``): start it now, with a time limit that its
+        second run cannot reach (so the time limit's warning signal does not come again)."""
+        self.cluster.run("scontrol", "update", f"JobId={self.id}", "StartTime=now", f"TimeLimit={minutes}")
+
+    def assert_nothing_left(self) -> None:
+        """No process of the job is still running (slurmstepd, srun, a rank, a DataLoader worker)."""
+        left = self.wait(f"exit of every process of job {self.id}", lambda: not job_processes(self.id) or None, 30)
+        assert left, f"job {self.id} left {job_processes(self.id)}"
+
+
+def job_processes(job_id: str) -> list[int]:
+    """Processes whose environment says they belong to SLURM job ``job_id``."""
+    marker = f"SLURM_JOB_ID={job_id}\0".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def parse_fields(text: str) -> dict[str, str]:
     """``Key=Value Key=Value ...`` (``scontrol --oneliner``) into a dict; a value may hold spaces only
     as the last field of a line, which the tests do not read."""
@@ -168,7 +265,7 @@ def configuration(root: Path, nodes: dict[str, str], controller: str, cpus: int,
     node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"
                          for name, address in nodes.items())
     return f"""\
-# Written by tests/slurm_cluster.py: a private cluster for ddp_sigterm's tests.
+# Written by tools/slurm_cluster.py: a private cluster for ddp_sigterm's tests.
 ClusterName=ddpsigterm
 SlurmctldHost={socket.gethostname().split(".")[0]}({controller})
 SlurmctldPort={ports[0]}

@@ -7,7 +7,7 @@ Lightning. A test whose outcome differs fails the comparison, unless it is liste
 with the reason (docs/how-it-works.md lists them too); the accepted differences must show (they prove the
 package was active). Exits 1 on any other difference, a missing accepted one, or a run that did not finish.
 
-    python tests/upstream_suite.py package --archive ../shared/upstream/lightning-2.6.5-tests.tar.gz --into build \\
+    python tools/upstream_suite.py package --archive ../shared/upstream/lightning-2.6.5-tests.tar.gz --into build \\
         tests_pytorch/trainer/connectors/test_signal_connector.py ...
 
 (``package`` may be left out: the first form of this script had no sub-command.)
@@ -25,9 +25,9 @@ the series or its base deleted its file); differences the series does not fix ye
 reason. Tests failing in both trees are notes (this machine's environment). ``standalone`` runs the standalone tests
 of some files with one Python (make test-patched).
 
-    python tests/upstream_suite.py prepare --archive ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \\
+    python tools/upstream_suite.py prepare --archive ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \\
         --series patches/lightning-master --open-prs ../shared/upstream/open-prs --into build/upstream
-    python tests/upstream_suite.py trees --series patches/lightning-master --out build/upstream/results \\
+    python tools/upstream_suite.py trees --series patches/lightning-master --out build/upstream/results \\
         --unpatched build/upstream/master .venv-upstream/bin/python \\
         --patched build/upstream/master-patched .venv-upstream-patched/bin/python tests_pytorch/loops ...
 """
