@@ -73,8 +73,8 @@ def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, chec
 
 
 def assert_stopped_after(step: int, signalled: int, step_seconds: float = STEP_SLEEP) -> None:
-    """Stopped at or after the signalled step, and no later than the delay bound allows (the cadence
-    may stretch checks over up to max_delay / step time steps)."""
+    """Stopped at or after the signalled step, and no later than the delay bound allows: the ranks agree on
+    the heartbeat, every max_delay/2 s, then up to one step (up to max_delay / step time steps, and one)."""
     assert signalled <= step <= signalled + int(MAX_DELAY / step_seconds) + 1, (step, signalled)
 
 

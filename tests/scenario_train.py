@@ -87,9 +87,6 @@ FAIL_SAVE_ON_RANK = int(ENV.get("SCENARIO_FAIL_SAVE_ON_RANK", "-1"))
 # one-device Trainer in the same process, as Lightning's documentation advises after a multi-device fit.
 THEN = ENV.get("SCENARIO_THEN", "")
 assert THEN in ("", "test_one_device"), THEN
-# SCENARIO_SIGNAL_AHEAD="R:B:N": rank R sends itself SIGTERM at the start of the first training batch >= B at
-# which the package's next counted agreement is at least N batches ahead (see ahead()).
-AHEAD = [int(v) for v in ENV["SCENARIO_SIGNAL_AHEAD"].split(":")] if ENV.get("SCENARIO_SIGNAL_AHEAD") else None
 # SCENARIO_DATA_BY_STEP=1: training batches are drawn from (global step, rank), not read from the DataLoader. Lightning
 # resumes a stop inside an epoch at the epoch's first batch (a plain DataLoader has no position to restore); with
 # this, a resumed run sees the batches an uninterrupted one sees, and its final weights must be the same.
@@ -189,8 +186,6 @@ class Injector(Callback):
         self.progress = None
         self.sent: set[int] = set()  # indices of INJECT entries already sent
         self.last_sent = 0.0
-        self.ahead: int | None = None  # with SCENARIO_SIGNAL_AHEAD: how far the next agreement was
-        self.signalled_batch: int | None = None
 
     def setup(self, trainer, pl_module, stage):  # before the package's: the entry point's callbacks come after
         self.rank = trainer.global_rank
@@ -205,16 +200,6 @@ class Injector(Callback):
         self.progress.write(f"train {self.batch} step {trainer.global_step} epoch {trainer.current_epoch} "
                             f"idx {batch_idx} lr {lr}\n")
         self.at("batch_start")
-        if AHEAD and self.rank == AHEAD[0] and self.batch >= AHEAD[1] and self.injected_at is None:
-            self.signal_if_far(trainer, AHEAD[2])
-
-    def signal_if_far(self, trainer, boundaries: int) -> None:
-        """SIGTERM now if the fix's count of batches would only agree ``boundaries`` or more batches later."""
-        found = ahead(trainer)
-        if found is not None and found >= boundaries:
-            self.ahead, self.signalled_batch = found, self.batch
-            self.injected_at = time.monotonic()
-            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.at("optimizer")
@@ -259,16 +244,6 @@ def test_on_one_device(model: pl.LightningModule) -> None:
                      enable_progress_bar=False, enable_model_summary=False, logger=False,
                      callbacks=[ThenProgress(injector.progress)])
     one.test(model)
-
-
-def ahead(trainer) -> int | None:
-    """Training batches until the package's next agreement by its count of batches (its cadence); None
-    without the package (the patched Lightning agrees at the end of every batch)."""
-    for callback in trainer.callbacks:
-        coordinator = getattr(callback, "_coordinator", None)
-        if type(callback).__name__ == "UnisonStop" and coordinator is not None:
-            return coordinator._next_check - coordinator.boundary  # it counts at the end of a batch
-    return None
 
 
 def left_behind(threads_before: set[int]) -> dict:
@@ -365,8 +340,6 @@ def main() -> None:
             global_step=trainer.global_step,
             batches_started=injector.batch,
             injected_at=injector.injected_at,
-            signalled_batch=injector.signalled_batch,
-            ahead=injector.ahead,
             started_at=started,
             ended_at=time.monotonic(),
             weights=weights_digest(model),

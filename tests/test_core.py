@@ -1,4 +1,4 @@
-"""Unit tests of the core, without a process group: settings, cadence, signal recording, fork safety."""
+"""Unit tests of the core, without a process group: settings, signal recording, fork safety."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from ddp_sigterm import Settings, SettingsError, StopCoordinator, slurm
-from ddp_sigterm._core.cadence import Cadence
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.exit_codes import GAVE_UP
 from ddp_sigterm._core.signals import SignalRecorder
@@ -68,30 +67,6 @@ def test_bad_settings_fail_with_a_clear_message(environ: dict[str, str], message
     with pytest.raises(SettingsError) as error:
         Settings.resolve(environ=environ)
     assert message in str(error.value)
-
-
-# -- cadence --------------------------------------------------------------------------------------
-def test_cadence_starts_at_every_step_then_fits_the_budget() -> None:
-    cadence = Cadence(check_budget=0.01, max_delay=1.0)
-    assert cadence.propose() == 1  # nothing measured yet
-    cadence.observe(window_seconds=0.001, window_steps=1, check_seconds=0.0003)
-    assert cadence.propose() == 30  # 0.3 ms spread over 30 steps of 1 ms is 1%
-
-
-def test_cadence_never_exceeds_max_delay_and_never_drops_below_one() -> None:
-    slow_check = Cadence(check_budget=0.01, max_delay=1.0)
-    slow_check.observe(window_seconds=0.01, window_steps=1, check_seconds=0.05)
-    assert slow_check.propose() == 100  # cost would ask for 500; 100 steps of 10 ms is the 1 s bound
-    long_steps = Cadence(check_budget=0.01, max_delay=1.0)
-    long_steps.observe(window_seconds=5.0, window_steps=1, check_seconds=0.0003)
-    assert long_steps.propose() == 1
-
-
-def test_cadence_smooths_one_outlier() -> None:
-    cadence = Cadence(check_budget=0.01, max_delay=1.0)
-    cadence.observe(0.030, 30, 0.0003)
-    cadence.observe(0.090, 30, 0.0003)  # one window 3x slower: the interval shrinks, not to a third
-    assert 10 < cadence.propose() < 30
 
 
 # -- signal recording -----------------------------------------------------------------------------

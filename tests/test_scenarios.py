@@ -189,9 +189,8 @@ def test_standalone_pytorch_lightning_package_stops_in_unison_and_resumes(tmp_pa
 
 
 @patched
-def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
-    """Short steps and a signal late in training, when agreements no longer run at every step:
-    the stop still comes within max_delay."""
+def test_stop_latency_late_in_a_run_of_short_steps(tmp_path: Path) -> None:
+    """A signal late in a run of short steps stops within max_delay."""
     result = fit(tmp_path, inject="1:250:forward", SCENARIO_STEP_SLEEP="0.001", SCENARIO_MAX_STEPS="900",
                  SCENARIO_BATCHES="900")
     step = assert_unison_stop(result)
@@ -200,27 +199,24 @@ def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
 
 
 def test_stop_bound_holds_when_steps_become_slower(tmp_path: Path) -> None:
-    """600 steps of ~3 ms stretch the cadence to dozens of steps between agreements; then every step
-    takes 100 times as long. Rank 1 is signalled in the slow phase at a batch where the package's count would
-    only agree 10 or more batches later: the stop must still come within max_delay and two slow steps.
-    (Not for the patched Lightning: it agrees at the end of every batch, it has no count to stretch.)"""
-    change, slow, far = 601, 0.25, 10
-    result = fit(tmp_path, SCENARIO_STEP_SLEEP="0.001", SCENARIO_SLOW_FROM=str(change), SCENARIO_SLOW_SLEEP=str(slow),
-                 SCENARIO_MAX_STEPS="660", SCENARIO_BATCHES="660", SCENARIO_SIGNAL_AHEAD=f"1:{change + 1}:{far}")
-    why = result.describe()
-    signalled = result.outcomes.get(1, {}).get("signalled_batch")
-    assert signalled is not None, f"the count never put the next agreement {far} batches ahead in the slow phase\n{why}"
+    """600 steps of ~1 ms, then every step sleeps 100 times as long (0.1 s). Rank 1 is signalled at batch 605, in
+    the slow phase: every rank stops within max(2 steps, max_delay) of the signal, however short the steps before
+    it were."""
+    change, slow, signalled = 601, 0.1, 605
+    result = fit(tmp_path, inject=f"1:{signalled}:forward", SCENARIO_STEP_SLEEP="0.001",
+                 SCENARIO_SLOW_FROM=str(change), SCENARIO_SLOW_SLEEP=str(slow), SCENARIO_MAX_STEPS="660",
+                 SCENARIO_BATCHES="660")
     step = assert_unison_stop(result)
-    latest = signalled + math.ceil(MAX_DELAY / slow) + 2
-    assert signalled <= step <= latest, f"stopped at step {step}, signalled in {signalled} with the next agreement " \
-                                        f"{result.outcomes[1]['ahead']} batches ahead, bound {latest}\n{why}"
+    latest = signalled + max(2, math.ceil(MAX_DELAY / slow))
+    assert signalled <= step <= latest, f"stopped at step {step}, signalled in batch {signalled}, bound {latest}\n" \
+                                        f"{result.describe()}"
     assert_latency(result)
 
 
 @patched
 def test_fast_validation_does_not_stretch_the_wait_in_slow_training(tmp_path: Path) -> None:
-    """Validation batches take ~1 ms, training steps 200 ms: the cadence measured in validation must
-    not carry over, or a signal right after validation would wait dozens of slow steps."""
+    """Validation batches take ~1 ms, training steps 200 ms: a signal in the first training step after validation
+    stops within max_delay's worth of slow steps; how fast validation ran does not lengthen the wait."""
     step_sleep = 0.2
     result = fit(tmp_path, inject="1:13:forward", SCENARIO_STEP_SLEEP=str(step_sleep), SCENARIO_VAL_SLEEP="0",
                  SCENARIO_BATCHES="24", SCENARIO_MAX_STEPS="24", SCENARIO_VAL_EVERY="12", SCENARIO_VAL_BATCHES="40")
