@@ -1,9 +1,11 @@
-"""The suite's own tools: the fault injections a scenario job sends itself (tests/injection.py)."""
+"""The suite's own tools: the fault injections a scenario job sends itself (tests/injection.py), and the
+description of a job its processes read (tests/scenario.py)."""
 
 from __future__ import annotations
 
 import pytest
 from injection import Injection, encode, parse
+from scenario import Job, Scenario
 
 
 def test_fault_injections_are_parsed_once_and_checked() -> None:
@@ -17,3 +19,19 @@ def test_fault_injections_are_parsed_once_and_checked() -> None:
     for bad, why in malformed.items():
         with pytest.raises(ValueError, match=why):
             parse(bad)
+
+
+def test_a_job_reaches_its_processes_as_it_was_described() -> None:
+    """What a test asks for is what the job's script reads, tuples included; a bad field fails in the test."""
+    scenario = Scenario(inject="1:605:forward", step_sleep=0.001, slow_phase=(601, 0.1), gloo_ifname=(1, "nosuch0"),
+                        group_ranks=(0, 1), resume=True, fail_save_on_rank=1)
+    job = Job(scenario, "/tmp/job", devices=2, num_nodes=3, implementation="patched")
+    assert Job.read(job.environment()) == job
+    assert job.world_size == 6
+    assert scenario.injections() == [Injection(1, 605, "forward")]
+    for field, value, why in [("inject", "1:2:fwd", "unknown phase 'fwd'"), ("stage", "train", "unknown stage"),
+                              ("trainer_package", "lightning", "unknown Trainer package")]:
+        with pytest.raises(ValueError, match=why):
+            Scenario(**{field: value})
+    with pytest.raises(TypeError, match="SCENARIO_INJECT"):  # no field has an environment variable's name
+        Scenario(**{"SCENARIO_INJECT": "1:2:forward"})
