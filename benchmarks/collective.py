@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ddp_sigterm._core.agreement import PAYLOAD_SIZE
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from scenario import Job
+
 ENV = os.environ
+OUT = Job.read().out  # the harness's job: where to write
 
 
 def main() -> None:
@@ -32,7 +38,7 @@ def main() -> None:
         dist.all_reduce(votes, op=dist.ReduceOp.MAX)
         durations.append(time.perf_counter() - start)
     dist.barrier()
-    with open(os.path.join(ENV["SCENARIO_OUT"], f"collective.rank{rank}.json"), "w") as f:
+    with open(os.path.join(OUT, f"collective.rank{rank}.json"), "w") as f:
         json.dump({"durations": durations}, f)
     dist.destroy_process_group()
 

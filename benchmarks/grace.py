@@ -3,7 +3,7 @@
 Two "pods" (one process per rank, tests/test_kubernetes.py's supervisor), drained at batch 3 with a
 SIGTERM to each pod's main process; the time from that SIGTERM until every pod has exited is what
 ``terminationGracePeriodSeconds`` (or SLURM's ``KillWait``/``GraceTime``) must cover. The checkpoint is
-made larger with ``SCENARIO_PAYLOAD_MB`` (a buffer of the model). Local disk, and with ``--s3`` a moto
+made larger with ``Scenario.payload_mb`` (a buffer of the model). Local disk, and with ``--s3`` a moto
 S3 server on 127.0.0.1 too (in memory: an upper bound on what the protocol costs, not a network's speed).
 Writes a Markdown table to stdout (docs/kubernetes.md holds the last one).
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import OutsideSignal, run_job, s3_server  # noqa: E402
+from scenario import Scenario  # noqa: E402
 
 SAVED = re.compile(r"the stop checkpoint of step \d+ is saved: .* \(([\d.]+) s, every rank\)")
 
@@ -27,8 +28,8 @@ SAVED = re.compile(r"the stop checkpoint of step \d+ is saved: .* \(([\d.]+) s, 
 def drained(out: Path, payload_mb: int, env: dict[str, str]) -> tuple[float, float, int]:
     """(seconds from SIGTERM to every pod gone, seconds the save took on rank 0, checkpoint MiB)."""
     term = OutsideSignal(rank=0, batch=3, targets="pods")
-    result = run_job(out, mode="independent", timeout=600, outside=[term],
-                     env={"SCENARIO_PAYLOAD_MB": str(payload_mb), "SCENARIO_MAX_STEPS": "50", **env})
+    result = run_job(out, Scenario(payload_mb=payload_mb, max_steps=50), mode="independent", timeout=600,
+                     outside=[term], env=env)
     if result.timed_out or set(result.returncodes.values()) != {143} or term.sent_at is None:
         raise RuntimeError(f"the drained job did not stop cleanly:\n{result.describe()}")
     needed = max(result.exited_at.values()) - term.sent_at

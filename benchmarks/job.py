@@ -27,7 +27,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -35,8 +37,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loops import training_epoch_loop
 from torch.utils.data import DataLoader, TensorDataset
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from scenario import Job
+
 ENV = os.environ
-OUT = ENV["SCENARIO_OUT"]
+JOB = Job.read()  # the harness's job: where to write, how many ranks
+OUT = JOB.out
 KIND = ENV.get("BENCH_KIND", "cost")
 STEP = float(ENV.get("BENCH_STEP", "0.01"))
 STEPS = int(ENV.get("BENCH_STEPS", "200"))
@@ -156,7 +162,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        num_nodes=int(ENV["SCENARIO_WORLD_SIZE"]),
+        num_nodes=JOB.num_nodes,
         strategy="ddp",
         max_steps=STEPS,
         logger=False,

@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import nodes  # noqa: E402
+from scenario import Scenario  # noqa: E402
 
 MADE = re.compile(r"rank (\d+): the stop's gloo groups made in ([\d.]+) s")
 AGREED = re.compile(r"SIGTERM received here at .* \(([\d.]+) s, (\d+) step boundaries before the agreement\)")
@@ -29,9 +30,9 @@ DEVICES = 2
 def measure(count: int, out: Path) -> dict[str, float]:
     last = count * DEVICES - 1
     with nodes.Nodes(count) as cluster:
-        result = nodes.job(out, cluster, "independent", DEVICES, timeout=600, env={
-            "DDP_SIGTERM_LOG_LEVEL": "DEBUG", "SCENARIO_MAX_STEPS": "400", "SCENARIO_BATCHES": "400",
-            "SCENARIO_STEP_SLEEP": "0.05", "SCENARIO_INJECT": f"{last}:3:forward"})
+        scenario = Scenario(max_steps=400, batches=400, step_sleep=0.05, inject=f"{last}:3:forward")
+        result = nodes.job(out, cluster, "independent", DEVICES, scenario, timeout=600,
+                           env={"DDP_SIGTERM_LOG_LEVEL": "DEBUG"})
     injected = result.outcomes.get(last, {}).get("injected_at")
     if result.timed_out or set(result.returncodes.values()) != {143} or injected is None:
         raise RuntimeError(f"the job did not stop cleanly:\n{result.describe()}")

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from harness import JobResult, run_job  # noqa: E402
+from scenario import Scenario  # noqa: E402
 
 OUT = ROOT / "demo-output"
 STOCK_TIMEOUT = 25.0
@@ -41,16 +42,15 @@ def table(title: str, result: JobResult) -> None:
 
 def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
-    scenario = {"SCENARIO_INJECT": "1:2:forward", "SCENARIO_MAX_STEPS": "12"}
+    scenario = Scenario(inject="1:2:forward", max_steps=12)
     started = time.monotonic()
 
-    stopped = run_job(OUT / "with-ddp_sigterm", scenario=scenario, timeout=120)
+    stopped = run_job(OUT / "with-ddp_sigterm", scenario, timeout=120)
     table("1. ddp_sigterm installed: SIGTERM to rank 1 at batch 2", stopped)
-    resumed = run_job(OUT / "with-ddp_sigterm", scenario={"SCENARIO_RESUME": "1", "SCENARIO_MAX_STEPS": "12"},
-                      timeout=120)
+    resumed = run_job(OUT / "with-ddp_sigterm", Scenario(resume=True, max_steps=12), timeout=120)
     table("2. same script relaunched with ckpt_path='hpc': resumes and finishes", resumed)
 
-    stock = run_job(OUT / "stock", scenario=scenario, timeout=STOCK_TIMEOUT, env={"DDP_SIGTERM": "0"})
+    stock = run_job(OUT / "stock", scenario, timeout=STOCK_TIMEOUT, env={"DDP_SIGTERM": "0"})
     table(f"3. stock Lightning (DDP_SIGTERM=0), same signal; cut off after {STOCK_TIMEOUT:.0f} s", stock)
     print(f"\nlogs and checkpoints in {OUT}; total {time.monotonic() - started:.0f} s")
 

@@ -6,9 +6,15 @@ Launch modes, as users launch jobs:
   * ``lightning``: one process; Lightning's own launcher (``devices=N``) starts the other ranks;
   * ``torchrun``: ``python -m torch.distributed.run --nproc-per-node N``.
 
-Every process the harness starts gets its own process group and a hard timeout, and every group is
-killed in ``finally``. The Python that runs the job is ``SCENARIO_PYTHON`` (default: this one), so
-the same scenarios run against any environment (stock, patched, older Lightning).
+What the job trains is a :class:`scenario.Scenario`, handed to every process as one environment variable
+(see scenario.py). Every process the harness starts gets its own process group and a hard timeout, and
+every group is killed in ``finally``.
+
+Three environment variables configure the harness itself, so that the same scenarios run against any
+environment (stock, patched, older Lightning; the Makefile's test-patched and test-versions set them):
+``SCENARIO_PYTHON``, the Python that runs the jobs (default: this one); ``SCENARIO_IMPLEMENTATION``, the fix
+that Python has, ``package`` (default) or ``patched``; ``SCENARIO_EXPECT_LIGHTNING``, the Lightning release
+every rank must report (helpers.py checks it).
 """
 
 from __future__ import annotations
@@ -26,9 +32,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from scenario import Job, Scenario
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "scenario_train.py"
 PYTHON = os.environ.get("SCENARIO_PYTHON", sys.executable)
+IMPLEMENTATION = os.environ.get("SCENARIO_IMPLEMENTATION", "package")
+EXPECT_LIGHTNING = os.environ.get("SCENARIO_EXPECT_LIGHTNING")
 
 
 def free_port() -> int:
@@ -84,11 +94,11 @@ def stop_checkpoints(directory: Path) -> list[Path]:
 class OutsideSignal:
     """Send ``signum`` from outside ``delay`` seconds after rank ``rank`` has started training batch
     ``batch`` (``phase="then"``: batch ``batch`` of the one-device run that follows a fit, see
-    SCENARIO_THEN). ``targets``: ``"all"`` (every process of the job, DataLoader workers included, as
-    SLURM does), ``"pods"`` (each started process, not its children: what Kubernetes signals, the PID 1
-    of each pod), ``"rank:R"`` (the process of rank R only; independent and slurm modes, and rank 0,
-    the launcher's own process, in lightning mode) or ``"node:N"`` (every process of node N, as a node
-    drain; jobs across tests/nodes.py's nodes). A process that has exited is not signalled."""
+    ``Scenario.then_test_on_one_device``). ``targets``: ``"all"`` (every process of the job, DataLoader
+    workers included, as SLURM does), ``"pods"`` (each started process, not its children: what Kubernetes
+    signals, the PID 1 of each pod), ``"rank:R"`` (the process of rank R only; independent and slurm modes,
+    and rank 0, the launcher's own process, in lightning mode) or ``"node:N"`` (every process of node N, as a
+    node drain; jobs across tests/nodes.py's nodes). A process that has exited is not signalled."""
 
     rank: int
     batch: int
@@ -137,9 +147,9 @@ class JobResult:
 
 def run_job(
     out: Path,
+    scenario: Scenario | None = None,
     mode: str = "independent",
     world_size: int = 2,
-    scenario: dict[str, str] | None = None,
     timeout: float = 120.0,
     outside: OutsideSignal | list[OutsideSignal] | None = None,
     env: dict[str, str] | None = None,
@@ -147,15 +157,24 @@ def run_job(
     script: Path = SCRIPT,
     poll: float = 0.05,
     until_exited: set[str] | None = None,
-    slurm: dict[str, str] | None = None,
 ) -> JobResult:
-    """Run one job to completion or to ``timeout`` seconds; never leaves a process behind.
-    ``poll`` is how often the processes are looked at (and so the resolution of ``exited_at``).
-    ``until_exited``: labels whose exit ends the job (the others, e.g. a stopped rank, are killed).
-    ``slurm``: extra SLURM variables for the ``slurm`` mode (job id, array ids)."""
+    """Run ``scenario`` (default: ``Scenario()``) as one job of ``world_size`` ranks, launched as ``mode`` says,
+    to completion or to ``timeout`` seconds; never leaves a process behind. ``env``: environment variables
+    added to this one's (the package's settings, SLURM's array ids, ...). ``poll`` is how often the processes
+    are looked at (and so the resolution of ``exited_at``). ``until_exited``: labels whose exit ends the job
+    (the others, e.g. a stopped rank, are killed)."""
     python = python or PYTHON
     port = str(free_port())
-    base = job_environment(out, world_size, {**(scenario or {}), **(env or {})})
+    scenario = scenario or Scenario()
+    if mode in ("slurm", "independent"):  # one process per rank, each a node of its own to the Trainer
+        job = Job(scenario, str(out), devices=1, num_nodes=world_size, implementation=IMPLEMENTATION)
+    elif mode in ("lightning", "torchrun"):  # one node: the Trainer's launcher or torchrun starts its ranks
+        job = Job(scenario, str(out), devices=world_size, implementation=IMPLEMENTATION)
+    elif mode == "single":
+        job = Job(scenario, str(out), implementation=IMPLEMENTATION)
+    else:
+        raise ValueError(f"unknown launch mode {mode!r}")
+    base = job_environment(job, env)
     commands: dict[str, tuple[list[str], dict[str, str]]] = {}
     if mode == "slurm":  # as srun starts a job step: one task per rank, SLURM_* variables describe it
         for rank in range(world_size):
@@ -163,25 +182,19 @@ def run_job(
                 **base, "MASTER_PORT": port, "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train",
                 "SLURM_NTASKS": str(world_size), "SLURM_NNODES": str(world_size), "SLURM_NTASKS_PER_NODE": "1",
                 "SLURM_NODELIST": "127.0.0.1", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
-                "SLURM_NODEID": str(rank), "SCENARIO_NUM_NODES": str(world_size), "SCENARIO_DEVICES": "1",
-                **(slurm or {})})
+                "SLURM_NODEID": str(rank)})
     elif mode == "independent":
         for rank in range(world_size):
             commands[f"rank{rank}"] = ([python, str(script)], {
                 **base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
-                "NODE_RANK": str(rank), "LOCAL_RANK": "0", "SCENARIO_NUM_NODES": str(world_size),
-                "SCENARIO_DEVICES": "1"})
+                "NODE_RANK": str(rank), "LOCAL_RANK": "0"})
     elif mode == "lightning":
-        commands["launcher"] = ([python, str(script)], {
-            **base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "SCENARIO_DEVICES": str(world_size)})
+        commands["launcher"] = ([python, str(script)], {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
     elif mode == "torchrun":
         commands["torchrun"] = ([python, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
-                                 f"--master-port={port}", "--master-addr=127.0.0.1", str(script)],
-                                {**base, "SCENARIO_DEVICES": str(world_size)})
-    elif mode == "single":
-        commands["single"] = ([python, str(script)], {**base, "SCENARIO_WORLD_SIZE": "1"})
+                                 f"--master-port={port}", "--master-addr=127.0.0.1", str(script)], base)
     else:
-        raise ValueError(f"unknown launch mode {mode!r}")
+        commands["single"] = ([python, str(script)], base)
 
     return run_commands(out, mode, world_size, commands, timeout, outside, poll, until_exited)
 
@@ -214,14 +227,14 @@ def read_outcomes(out: Path) -> dict[int, dict]:
     return outcomes
 
 
-def job_environment(out: Path, world_size: int, extra: dict[str, str]) -> dict[str, str]:
-    """The environment every process of a scenario job starts from (``out`` made, and emptied of an earlier
-    run's outcomes): this one's, without its launcher variables, with ``extra``."""
+def job_environment(job: Job, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment every process of a scenario job starts from (``job.out`` made, and emptied of an earlier
+    run's outcomes): this one's, without its launcher variables, with ``env`` and the ``job``."""
+    out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")):
         stale.unlink()
-    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SCENARIO_OUT": str(out),
-            "SCENARIO_WORLD_SIZE": str(world_size), **extra}
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}), **job.environment()}
     for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         base.pop(var, None)
     return base

@@ -1,32 +1,32 @@
 """What the tests assert, shared: the bounds, the checks of a job's outcome, and how a scenario job is run.
 
-The job runner itself is ``harness.py``; the faults a job sends itself are ``injection.py``. Test modules,
+The job runner itself is ``harness.py``; what a job trains is a ``scenario.Scenario``, and the faults it sends
+itself are ``injection.py``. Test modules,
 the soak and the SLURM tests import from here, never from one another.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
-import injection
 import torch
-from harness import JobResult, run_job, signal_pid, stop_checkpoints
+from harness import EXPECT_LIGHTNING, IMPLEMENTATION, JobResult, run_job, signal_pid, stop_checkpoints
+from scenario import Scenario
 
 # What must finish gets a generous bound (2 busy cores); what must not hang has its own, short one.
 MUST_FINISH = 180.0
 HANG_BOUND = 30.0
 SIGTERM_EXIT = 128 + signal.SIGTERM
-# Which fix the job runs: "package" (ddp_sigterm installed, the default) or "patched" (a Lightning built from
-# patches/, without ddp_sigterm). Only the package records its decision (``SIGTERMException.stop``).
-IMPLEMENTATION = os.environ.get("SCENARIO_IMPLEMENTATION", "package")
+# IMPLEMENTATION (from harness.py): which fix the jobs run, "package" (ddp_sigterm installed, the default) or "patched"
+# (a Lightning built from patches/, without ddp_sigterm). Only the package records its decision
+# (``SIGTERMException.stop``).
 assert IMPLEMENTATION in ("package", "patched"), IMPLEMENTATION
-STEP_SLEEP = 0.02  # seconds of work per step in the scenario script
+STEP_SLEEP = Scenario().step_sleep  # seconds of work per step in the scenario script
 MAX_DELAY = 1.0  # the default setting
-VAL_BATCHES = 4  # evaluation batches per rank in the scenario script
+VAL_BATCHES = Scenario().val_batches  # evaluation batches per rank in the scenario script
 
 
 def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, checkpoint: bool = True,
@@ -37,11 +37,10 @@ def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, chec
     why = result.describe()
     assert not result.timed_out, f"job did not finish within {MUST_FINISH}s (deadlock?)\n{why}"
     assert sorted(result.outcomes) == list(range(result.world_size)), f"missing rank outcomes\n{why}"
-    expected_lightning = os.environ.get("SCENARIO_EXPECT_LIGHTNING")
     for rank, outcome in result.outcomes.items():
         assert outcome["exception"] == "SIGTERMException", f"rank {rank} did not stop cleanly\n{why}"
-        if expected_lightning and "lightning" in outcome:
-            assert outcome["lightning"] == expected_lightning, f"rank {rank} ran the wrong Lightning\n{why}"
+        if EXPECT_LIGHTNING and "lightning" in outcome:
+            assert outcome["lightning"] == EXPECT_LIGHTNING, f"rank {rank} ran the wrong Lightning\n{why}"
         assert outcome["exit_code"] == exit_code, f"rank {rank} exit code\n{why}"
         if IMPLEMENTATION == "package":  # the package's decision record proves the package stopped it
             assert outcome["stop"] is not None, f"rank {rank} stopped without the package\n{why}"
@@ -73,8 +72,8 @@ def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, chec
 
 
 def assert_stopped_after(step: int, signalled: int, step_seconds: float = STEP_SLEEP) -> None:
-    """Stopped at or after the signalled step, and no later than the delay bound allows (the cadence
-    may stretch checks over up to max_delay / step time steps)."""
+    """Stopped at or after the signalled step, and no later than the delay bound allows: the ranks agree on
+    the heartbeat, every max_delay/2 s, then up to one step (up to max_delay / step time steps, and one)."""
     assert signalled <= step <= signalled + int(MAX_DELAY / step_seconds) + 1, (step, signalled)
 
 
@@ -118,12 +117,11 @@ def assert_signalled_yet_finished(result: JobResult, steps: int) -> None:
     assert_finished(result, steps=steps)
 
 
-def fit(tmp: Path, mode: str = "independent", world_size: int = 2,
-        inject: str | list[injection.Injection] = "", **scenario: str) -> JobResult:
-    """A scenario job (tests/scenario_train.py) that must finish; ``inject``: the faults it sends itself,
-    checked here (see injection.py)."""
-    return run_job(tmp, mode=mode, world_size=world_size, timeout=MUST_FINISH,
-                   scenario={"SCENARIO_INJECT": injection.encode(inject), **scenario})
+def fit(tmp: Path, scenario: Scenario | None = None, *, mode: str = "independent", world_size: int = 2,
+        env: dict[str, str] | None = None) -> JobResult:
+    """A scenario job (tests/scenario_train.py) that must finish within MUST_FINISH seconds; ``env``: environment
+    variables of its processes (the package's settings)."""
+    return run_job(tmp, scenario, mode=mode, world_size=world_size, timeout=MUST_FINISH, env=env)
 
 
 def torchrun_restarts(max_restarts: int = 3) -> dict[str, str]:

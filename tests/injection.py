@@ -1,10 +1,10 @@
 """The faults a scenario job sends itself: parsed once, here, by the tests and by the job scripts alike.
 
-A job takes them from ``SCENARIO_INJECT``: entries ``rank:batch[:phase[:SIGNAL]]`` separated by ``;``
+A job takes them from ``Scenario.inject``: entries ``rank:batch[:phase[:SIGNAL]]`` separated by ``;``
 ("1:2:forward;0:*:save"), each sent once. ``batch`` counts from 1 within the run, ``*`` is any batch;
-the phase defaults to ``forward`` and the signal to SIGTERM. Tests build them with :class:`Injection`
-(or that text) and the helpers check them before a job starts, so that a typo fails in the test, not
-as a job that was never signalled.
+the phase defaults to ``forward`` and the signal to SIGTERM. Tests write that text (or :func:`encode`
+:class:`Injection` entries) and a Scenario checks it when it is made, so that a typo fails in the test,
+not as a job that was never signalled.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Injection:
 
 
 def parse(text: str) -> list[Injection]:
-    """``SCENARIO_INJECT``'s entries, in order; raises ValueError on a malformed one."""
+    """``Scenario.inject``'s entries, in order; raises ValueError on a malformed one."""
     found = []
     for entry in filter(None, text.split(";")):
         rank, batch, *rest = entry.split(":")
@@ -54,5 +54,5 @@ def parse(text: str) -> list[Injection]:
 
 
 def encode(injections: str | list[Injection]) -> str:
-    """The ``SCENARIO_INJECT`` value of ``injections`` (text is checked by parsing it)."""
+    """The ``Scenario.inject`` text of ``injections`` (text is checked by parsing it)."""
     return ";".join(str(i) for i in (parse(injections) if isinstance(injections, str) else injections))

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from harness import SCRIPT, JobResult, OutsideSignal, job_environment, run_commands
+from scenario import Job, Scenario
 
 REPO = Path(__file__).resolve().parent.parent
 PORT = "29400"  # node 0's, in its own namespace: nothing else listens there
@@ -159,16 +160,18 @@ def available() -> str | None:
     return None
 
 
-def job(out: Path, cluster: Nodes, launcher: str, devices: int, env: dict[str, str] | None = None,
-        outside: OutsideSignal | None = None, timeout: float = 180.0, python: str = sys.executable,
-        script: Path = SCRIPT, port: str = PORT) -> JobResult:
-    """A scenario job (tests/scenario_train.py) of ``devices`` ranks on each node, node N's processes in its
-    namespace, labelled ``nodeN`` (``nodeN.rankR`` when each rank is a process of its own): ``torchrun``
-    (multi-node, c10d rendezvous on node 0), ``independent`` (one process per rank with MASTER_ADDR, as srun
-    starts them) or ``lightning`` (one process per node; Lightning's launcher starts the node's other ranks)."""
+def job(out: Path, cluster: Nodes, launcher: str, devices: int, scenario: Scenario | None = None,
+        env: dict[str, str] | None = None, outside: OutsideSignal | None = None, timeout: float = 180.0,
+        python: str = sys.executable, implementation: str = "package", script: Path = SCRIPT,
+        port: str = PORT) -> JobResult:
+    """A scenario job (tests/scenario_train.py running ``scenario``) of ``devices`` ranks on each node, node N's
+    processes in its namespace, labelled ``nodeN`` (``nodeN.rankR`` when each rank is a process of its own):
+    ``torchrun`` (multi-node, c10d rendezvous on node 0), ``independent`` (one process per rank with MASTER_ADDR,
+    as srun starts them) or ``lightning`` (one process per node; Lightning's launcher starts the node's other
+    ranks). ``implementation``: the fix ``python`` has (see scenario.Job)."""
     world = cluster.count * devices
-    base = job_environment(out, world, {"SCENARIO_NUM_NODES": str(cluster.count), "SCENARIO_DEVICES": str(devices),
-                                        **(env or {})})
+    base = job_environment(Job(scenario or Scenario(), str(out), devices=devices, num_nodes=cluster.count,
+                               implementation=implementation), env)
     master = {"MASTER_ADDR": cluster.address(0), "MASTER_PORT": port}
     commands: dict[str, tuple[list[str], dict[str, str]]] = {}
     for node in range(cluster.count):

@@ -1,8 +1,9 @@
 """A hand-written torch.distributed DDP loop using the framework-agnostic core (no Lightning).
 
-Launched by the harness like the Lightning scenario (SCENARIO_* variables), it writes outcome.rank<R>.json
-with what such a loop has: its rank, the step it reached, whether (and at which step) it stopped, its exit
-code, the coordinator's decision, and when it signalled itself. Rank 0 saves ``step<N>.pt`` at the stop.
+Launched by the harness like the Lightning scenario (a :class:`scenario.Job`: max_steps, step_sleep, inject),
+it writes outcome.rank<R>.json with what such a loop has: its rank, the step it reached, whether (and at which
+step) it stopped, its exit code, the coordinator's decision, and when it signalled itself. Rank 0 saves
+``step<N>.pt`` at the stop.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ import json
 import os
 import time
 
-import injection
 import torch
 import torch.distributed as dist
+from scenario import Job
 
 from ddp_sigterm import StopCoordinator
 
-ENV = os.environ
-OUT = ENV["SCENARIO_OUT"]
-INJECT = injection.parse(ENV.get("SCENARIO_INJECT", ""))  # phase "forward": before the step's forward
+JOB = Job.read()
+SCENARIO = JOB.scenario
+OUT = JOB.out
+INJECT = SCENARIO.injections()  # phase "forward": before the step's forward
 
 
 def main() -> None:
@@ -42,13 +44,13 @@ def main() -> None:
         raise SystemExit(stop.exit_code)
 
     try:
-        while step < int(ENV.get("SCENARIO_MAX_STEPS", "12")):
+        while step < SCENARIO.max_steps:
             step += 1
             for injected in INJECT:
                 if injected.matches(rank, step, "forward") and outcome["injected_at"] is None:
                     outcome["injected_at"] = time.monotonic()
                     os.kill(os.getpid(), injected.signum)
-            time.sleep(float(ENV.get("SCENARIO_STEP_SLEEP", "0.02")))
+            time.sleep(SCENARIO.step_sleep)
             loss = model(torch.randn(4, 16)).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()

@@ -1,7 +1,8 @@
 """A user's training script, unchanged: it never imports ddp_sigterm (the entry point does the work).
 
-The test harness configures it with SCENARIO_* variables and reads back, per rank,
-``outcome.rank<R>.json`` (what the script saw) and ``progress.rank<R>`` (batches as they start).
+The test harness describes the job in one environment variable (a :class:`scenario.Job`, read once here) and
+reads back, per rank, ``outcome.rank<R>.json`` (what the script saw) and ``progress.rank<R>`` (batches as they
+start).
 Fault injection is a callback: it sends a signal to this very process at rank R, batch B, phase P.
 """
 
@@ -18,11 +19,12 @@ import sys
 import threading
 import time
 
-import injection
 import torch
+from scenario import Job
 from torch.utils.data import DataLoader, Dataset
 
-ENV = os.environ
+JOB = Job.read()
+SCENARIO = JOB.scenario
 
 
 class ExitFunctions:
@@ -46,63 +48,20 @@ class ExitFunctions:
                       for f in self.live)
 
 
-# The Trainer package: lightning.pytorch, or the standalone pytorch_lightning (SCENARIO_LIGHTNING).
-pl = importlib.import_module(ENV.get("SCENARIO_LIGHTNING", "lightning.pytorch"))
+pl = importlib.import_module(SCENARIO.trainer_package)  # lightning.pytorch, or the standalone pytorch_lightning
 # after Lightning's import (what it registers then depends on the optional packages of the environment),
 # before the Trainer loads the package through its entry point
 exit_functions = ExitFunctions()
 Callback = pl.Callback
-OUT = ENV["SCENARIO_OUT"]
-STAGE = ENV.get("SCENARIO_STAGE", "fit")
-MAX_STEPS = int(ENV.get("SCENARIO_MAX_STEPS", "12"))
-MAX_EPOCHS = int(ENV.get("SCENARIO_MAX_EPOCHS", "0"))  # when set: epoch-based training, MAX_STEPS ignored
-BATCHES = int(ENV.get("SCENARIO_BATCHES", "8"))  # training batches per epoch, per rank
-VAL_BATCHES = int(ENV.get("SCENARIO_VAL_BATCHES", "4"))  # validation batches per rank
-STEP_SLEEP = float(ENV.get("SCENARIO_STEP_SLEEP", "0.02"))
-VAL_SLEEP = float(ENV.get("SCENARIO_VAL_SLEEP", str(STEP_SLEEP)))  # per evaluation/prediction batch
-# From training batch SCENARIO_SLOW_FROM on, steps sleep SCENARIO_SLOW_SLEEP instead (a data stall, a slower phase).
-SLOW_FROM = int(ENV.get("SCENARIO_SLOW_FROM", "0"))
-SLOW_SLEEP = float(ENV.get("SCENARIO_SLOW_SLEEP", str(STEP_SLEEP)))
-# One more evaluation/prediction sample and no batch limits there: prediction shards its data without
-# padding, so rank 0 then predicts one batch more than the others.
-UNEVEN = ENV.get("SCENARIO_UNEVEN") == "1"
-# The signals this job sends itself (see injection.py), each once.
-INJECT = injection.parse(ENV.get("SCENARIO_INJECT", ""))
+OUT = JOB.out
+ROOT = SCENARIO.root_dir or OUT  # default_root_dir
+VAL_SLEEP = SCENARIO.step_sleep if SCENARIO.val_sleep is None else SCENARIO.val_sleep
 # Under torchrun --max-restarts: the attempt this process belongs to; the faults are sent in the first one only.
-ATTEMPT = int(ENV.get("TORCHELASTIC_RESTART_COUNT", "0"))
-if ATTEMPT > 0:
-    INJECT = []
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+INJECT = SCENARIO.injections() if ATTEMPT == 0 else []
 # Run by the patched Lightning (no package): its stop raises SIGTERMException on every rank at the same step and saves
 # nothing itself; the stop's checkpoint is Lightning's OnExceptionCheckpoint, as a user of that Lightning adds to a fit.
-ON_EXCEPTION_CHECKPOINT = ENV.get("SCENARIO_IMPLEMENTATION") == "patched" and STAGE == "fit"
-# Where checkpoints go (default: SCENARIO_OUT). With SCENARIO_LOCK_ROOT=1 the first injection makes it
-# non-writable first, even for root (chattr +i), as a full or read-only file system would be.
-ROOT = ENV.get("SCENARIO_ROOT_DIR", OUT)
-# Seconds between two signals this process sends itself in one hook (a save's "second" and "third").
-SIGNAL_GAP = float(ENV.get("SCENARIO_SIGNAL_GAP", "0"))
-LOCK_ROOT = ENV.get("SCENARIO_LOCK_ROOT") == "1"
-# The checkpoint's contents cannot be gathered on this rank (a callback's on_save_checkpoint raises).
-FAIL_SAVE_ON_RANK = int(ENV.get("SCENARIO_FAIL_SAVE_ON_RANK", "-1"))
-# SCENARIO_THEN=test_one_device: after a fit that returned, global rank 0 tests the model with a second,
-# one-device Trainer in the same process, as Lightning's documentation advises after a multi-device fit.
-THEN = ENV.get("SCENARIO_THEN", "")
-assert THEN in ("", "test_one_device"), THEN
-# SCENARIO_SIGNAL_AHEAD="R:B:N": rank R sends itself SIGTERM at the start of the first training batch >= B at
-# which the package's next counted agreement is at least N batches ahead (see ahead()).
-AHEAD = [int(v) for v in ENV["SCENARIO_SIGNAL_AHEAD"].split(":")] if ENV.get("SCENARIO_SIGNAL_AHEAD") else None
-# SCENARIO_DATA_BY_STEP=1: training batches are drawn from (global step, rank), not read from the DataLoader. Lightning
-# resumes a stop inside an epoch at the epoch's first batch (a plain DataLoader has no position to restore); with
-# this, a resumed run sees the batches an uninterrupted one sees, and its final weights must be the same.
-DATA_BY_STEP = ENV.get("SCENARIO_DATA_BY_STEP") == "1"
-# "R:IFNAME": once the training's process group is made, rank R makes its later gloo groups (the package's) on
-# network interface IFNAME, which its peers cannot reach: a group of the package's own that cannot connect while the
-# training's does (an NCCL job's gloo on the wrong interface; docs/multi-node.md).
-GLOO_IFNAME = ENV.get("SCENARIO_GLOO_IFNAME", "").partition(":")
-# SCENARIO_KEEP_WEIGHTS=1: each rank also saves its final weights (weights.rank<R>.pt), to be compared within a
-# float tolerance: with more than 2 ranks the gradients' sum depends on the order gloo adds them in, which DDP's
-# bucket layout (rebuilt after a run's first step, so different in a resumed run) changes.
-KEEP_WEIGHTS = ENV.get("SCENARIO_KEEP_WEIGHTS") == "1"
-PAYLOAD_MB = int(ENV.get("SCENARIO_PAYLOAD_MB", "0"))  # the checkpoint grows by this many MiB (float32 ones)
+ON_EXCEPTION_CHECKPOINT = JOB.implementation == "patched" and SCENARIO.stage == "fit"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -123,14 +82,15 @@ class Model(pl.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-        if PAYLOAD_MB:  # state that makes the checkpoint that much bigger (a larger model's weights, say)
-            self.register_buffer("payload", torch.ones(PAYLOAD_MB * 2**18))
+        if SCENARIO.payload_mb:  # state that makes the checkpoint that much bigger (a larger model's weights, say)
+            self.register_buffer("payload", torch.ones(SCENARIO.payload_mb * 2**18))
 
     def training_step(self, batch, batch_idx):
         injector.at("forward")
-        time.sleep(SLOW_SLEEP if SLOW_FROM and injector.batch >= SLOW_FROM else STEP_SLEEP)
+        slow = SCENARIO.slow_phase
+        time.sleep(slow[1] if slow and injector.batch >= slow[0] else SCENARIO.step_sleep)
         x, y = batch
-        if DATA_BY_STEP:
+        if SCENARIO.data_by_step:
             generator = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
             x, y = torch.randn(x.shape, generator=generator), torch.randn(y.shape, generator=generator)
         return torch.nn.functional.mse_loss(self.net(x), y)
@@ -149,8 +109,8 @@ class Model(pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint) -> None:
         injector.at("save")
-        if self.global_rank == FAIL_SAVE_ON_RANK:  # after rank 0 may have written its part: what is left of it?
-            raise RuntimeError(f"rank {self.global_rank} cannot save: disk quota exceeded (SCENARIO_FAIL_SAVE_ON_RANK)")
+        if self.global_rank == SCENARIO.fail_save_on_rank:  # after rank 0 may have written its part: what is left?
+            raise RuntimeError(f"rank {self.global_rank} cannot save: disk quota exceeded (fail_save_on_rank)")
 
     def predict_step(self, batch, batch_idx):
         injector.at("validation", batch_idx + 1)
@@ -159,22 +119,22 @@ class Model(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
-        if ENV.get("SCENARIO_EPOCH_LR_DECAY") != "1":
+        if not SCENARIO.epoch_lr_decay:
             return optimizer
         # halves the learning rate at every epoch end: a resume that loses or repeats that step shows in the weights
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
 
     def train_dataloader(self):
-        return self._loader(BATCHES)
+        return self._loader(SCENARIO.batches)
 
     def val_dataloader(self):
-        return self._loader(VAL_BATCHES, extra=int(UNEVEN))
+        return self._loader(SCENARIO.val_batches, extra=int(SCENARIO.uneven))
 
     test_dataloader = predict_dataloader = val_dataloader
 
     def _loader(self, batches: int, extra: int = 0) -> DataLoader:
         world = self.trainer.world_size
-        workers = int(ENV.get("SCENARIO_NUM_WORKERS", "0"))
+        workers = SCENARIO.num_workers
         return DataLoader(Numbers(batches * 4 * world + extra), batch_size=4, num_workers=workers,
                           persistent_workers=workers > 0)
 
@@ -189,13 +149,11 @@ class Injector(Callback):
         self.progress = None
         self.sent: set[int] = set()  # indices of INJECT entries already sent
         self.last_sent = 0.0
-        self.ahead: int | None = None  # with SCENARIO_SIGNAL_AHEAD: how far the next agreement was
-        self.signalled_batch: int | None = None
 
     def setup(self, trainer, pl_module, stage):  # before the package's: the entry point's callbacks come after
         self.rank = trainer.global_rank
-        if GLOO_IFNAME[2] and self.rank == int(GLOO_IFNAME[0]):
-            os.environ["GLOO_SOCKET_IFNAME"] = GLOO_IFNAME[2]
+        if SCENARIO.gloo_ifname and self.rank == SCENARIO.gloo_ifname[0]:
+            os.environ["GLOO_SOCKET_IFNAME"] = SCENARIO.gloo_ifname[1]
         # open for the whole run, line-buffered: the test reads it while the job runs
         self.progress = open(os.path.join(OUT, f"progress.rank{self.rank}"), "a", buffering=1)  # noqa: SIM115
 
@@ -205,16 +163,6 @@ class Injector(Callback):
         self.progress.write(f"train {self.batch} step {trainer.global_step} epoch {trainer.current_epoch} "
                             f"idx {batch_idx} lr {lr}\n")
         self.at("batch_start")
-        if AHEAD and self.rank == AHEAD[0] and self.batch >= AHEAD[1] and self.injected_at is None:
-            self.signal_if_far(trainer, AHEAD[2])
-
-    def signal_if_far(self, trainer, boundaries: int) -> None:
-        """SIGTERM now if the fix's count of batches would only agree ``boundaries`` or more batches later."""
-        found = ahead(trainer)
-        if found is not None and found >= boundaries:
-            self.ahead, self.signalled_batch = found, self.batch
-            self.injected_at = time.monotonic()
-            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.at("optimizer")
@@ -233,12 +181,12 @@ class Injector(Callback):
         for index, injected in enumerate(INJECT):
             if index in self.sent or not injected.matches(self.rank, batch, phase):
                 continue
-            if SIGNAL_GAP and self.sent:  # a separate request, not a repeat of the previous one
-                time.sleep(max(0.0, self.last_sent + SIGNAL_GAP - time.monotonic()))
+            if SCENARIO.signal_gap and self.sent:  # a separate request, not a repeat of the previous one
+                time.sleep(max(0.0, self.last_sent + SCENARIO.signal_gap - time.monotonic()))
             self.sent.add(index)
             self.last_sent = time.monotonic()
             if self.injected_at is None:
-                if LOCK_ROOT:
+                if SCENARIO.lock_root:
                     lock(ROOT)
                 self.injected_at = time.monotonic()
             os.kill(os.getpid(), injected.signum)
@@ -255,20 +203,10 @@ class ThenProgress(Callback):
 
 
 def test_on_one_device(model: pl.LightningModule) -> None:
-    one = pl.Trainer(accelerator="cpu", devices=1, num_nodes=1, limit_test_batches=VAL_BATCHES, default_root_dir=ROOT,
-                     enable_progress_bar=False, enable_model_summary=False, logger=False,
+    one = pl.Trainer(accelerator="cpu", devices=1, num_nodes=1, limit_test_batches=SCENARIO.val_batches,
+                     default_root_dir=ROOT, enable_progress_bar=False, enable_model_summary=False, logger=False,
                      callbacks=[ThenProgress(injector.progress)])
     one.test(model)
-
-
-def ahead(trainer) -> int | None:
-    """Training batches until the package's next agreement by its count of batches (its cadence); None
-    without the package (the patched Lightning agrees at the end of every batch)."""
-    for callback in trainer.callbacks:
-        coordinator = getattr(callback, "_coordinator", None)
-        if type(callback).__name__ == "UnisonStop" and coordinator is not None:
-            return coordinator._next_check - coordinator.boundary  # it counts at the end of a batch
-    return None
 
 
 def left_behind(threads_before: set[int]) -> dict:
@@ -312,15 +250,15 @@ def main() -> None:
     model = Model()
     trainer = pl.Trainer(
         accelerator="cpu",
-        devices=int(ENV.get("SCENARIO_DEVICES", "1")),
-        num_nodes=int(ENV.get("SCENARIO_NUM_NODES", "1")),
-        strategy=ENV.get("SCENARIO_STRATEGY") or ("ddp" if int(ENV.get("SCENARIO_WORLD_SIZE", "1")) > 1 else "auto"),
-        max_steps=-1 if MAX_EPOCHS else MAX_STEPS,
-        max_epochs=MAX_EPOCHS or None,
-        limit_val_batches=None if UNEVEN else VAL_BATCHES,
-        limit_test_batches=None if UNEVEN else VAL_BATCHES,
-        limit_predict_batches=None if UNEVEN else VAL_BATCHES,
-        val_check_interval=int(ENV.get("SCENARIO_VAL_EVERY", str(BATCHES))),
+        devices=JOB.devices,
+        num_nodes=JOB.num_nodes,
+        strategy=SCENARIO.strategy or ("ddp" if JOB.world_size > 1 else "auto"),
+        max_steps=-1 if SCENARIO.max_epochs else SCENARIO.max_steps,
+        max_epochs=SCENARIO.max_epochs or None,
+        limit_val_batches=None if SCENARIO.uneven else SCENARIO.val_batches,
+        limit_test_batches=None if SCENARIO.uneven else SCENARIO.val_batches,
+        limit_predict_batches=None if SCENARIO.uneven else SCENARIO.val_batches,
+        val_check_interval=SCENARIO.val_every or SCENARIO.batches,
         num_sanity_val_steps=0,
         default_root_dir=ROOT,
         enable_progress_bar=False,
@@ -332,22 +270,20 @@ def main() -> None:
     outcome: dict = {"pid": os.getpid(), "exception": None, "exit_code": 0, "stop": None, "then": None}
     started = time.monotonic()
     try:
-        if STAGE == "fit":
+        if SCENARIO.stage == "fit":
             resume = os.path.join(ROOT, "on_exception.ckpt") if ON_EXCEPTION_CHECKPOINT else "hpc"
-            trainer.fit(model, ckpt_path=resume if ENV.get("SCENARIO_RESUME") == "1" else None)
-            if THEN and trainer.is_global_zero:
+            trainer.fit(model, ckpt_path=resume if SCENARIO.resume else None)
+            if SCENARIO.then_test_on_one_device and trainer.is_global_zero:
                 outcome["then"] = "started"
                 test_on_one_device(model)
                 outcome["then"] = "finished"
-        elif STAGE in ("validate", "test", "predict"):
-            getattr(trainer, STAGE)(model)
-        elif STAGE == "all":  # back to back, with what each run leaves behind
+        elif SCENARIO.stage in ("validate", "test", "predict"):
+            getattr(trainer, SCENARIO.stage)(model)
+        else:  # "all"  # back to back, with what each run leaves behind
             outcome["left_behind"] = {}
             for stage in ("fit", "validate", "test", "predict"):
                 getattr(trainer, stage)(model)
                 outcome["left_behind"][stage] = left_behind(threads_before)
-        else:
-            raise ValueError(f"unknown SCENARIO_STAGE {STAGE!r}")
     except SystemExit as exit_:
         said = f": {exit_}" if exit_.args and isinstance(exit_.args[0], str) else ""  # StopError's message
         outcome.update(exception=type(exit_).__name__ + said, exit_code=exit_.code or 0)
@@ -365,8 +301,6 @@ def main() -> None:
             global_step=trainer.global_step,
             batches_started=injector.batch,
             injected_at=injector.injected_at,
-            signalled_batch=injector.signalled_batch,
-            ahead=injector.ahead,
             started_at=started,
             ended_at=time.monotonic(),
             weights=weights_digest(model),
@@ -378,7 +312,7 @@ def main() -> None:
         )
         with open(os.path.join(OUT, f"outcome.rank{trainer.global_rank}.json"), "w") as f:
             json.dump(outcome, f)
-        if KEEP_WEIGHTS:
+        if SCENARIO.keep_weights:
             torch.save(model.state_dict(), os.path.join(OUT, f"weights.rank{trainer.global_rank}.pt"))
 
 

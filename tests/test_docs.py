@@ -1,7 +1,8 @@
 """The documentation's links lead somewhere: every relative link in README.md, CHANGELOG.md, docs/ and the
 patch series' descriptions names a file of the repository, and every ``#anchor`` a heading of the file it
 points to (GitHub's anchors). Links to other sites are not fetched (CI has no network); they are listed by
-``test_external_links_are_few_and_known`` so that a new one is a conscious addition."""
+``test_external_links_are_few_and_known`` so that a new one is a conscious addition. And docs/slurm.md shows the
+sbatch scripts tests/test_slurm.py submits, as they are."""
 
 from __future__ import annotations
 
@@ -58,3 +59,12 @@ def test_relative_links_lead_to_a_file_and_heading(document: Path) -> None:
 def test_external_links_are_few_and_known() -> None:
     found = {target for document in DOCUMENTS for target in links(document) if re.match(r"[a-z]+:", target)}
     assert found <= EXTERNAL, f"new external links (add them to EXTERNAL once checked by hand): {found - EXTERNAL}"
+
+
+def test_docs_slurm_shows_the_sbatch_scripts_the_slurm_tests_submit() -> None:
+    """docs/slurm.md shows each examples/slurm/*.sbatch as it is (tests/test_slurm.py submits those files)."""
+    docs = (ROOT / "docs" / "slurm.md").read_text()
+    scripts = sorted((ROOT / "examples" / "slurm").glob("*.sbatch"))
+    assert scripts
+    for script in scripts:
+        assert script.read_text().rstrip() in docs, f"docs/slurm.md does not show {script.name} as it is"

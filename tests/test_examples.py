@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import PYTHON, Supervised, free_port, supervise
+from harness import IMPLEMENTATION, PYTHON, Supervised, free_port, supervise
 from helpers import SignalAfterStep, per_rank, saved_step, steps_done, torchrun_restarts
 
 pytestmark = pytest.mark.scenario
@@ -25,8 +25,6 @@ pytestmark = pytest.mark.scenario
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MUST_FINISH = 180.0
 MAX_STEPS = 60
-# "package" (ddp_sigterm installed) or "patched" (a Lightning built from patches/, without ddp_sigterm)
-IMPLEMENTATION = os.environ.get("SCENARIO_IMPLEMENTATION", "package")
 SIGNALLED_RANK, SIGNAL_AFTER_STEP = 1, 3
 
 

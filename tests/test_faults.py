@@ -18,6 +18,7 @@ from helpers import (
     assert_unison_stop,
     fit,
 )
+from scenario import Scenario
 
 from ddp_sigterm._core.exit_codes import GAVE_UP, STOP_FAILED
 
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.scenario
 
 DEADLINE = 5.0  # DDP_SIGTERM_STOP_DEADLINE in these tests: short, so that giving up is quick to see
 EXIT_SLACK = 10.0  # from the deadline to the exit the harness sees, on 2 busy cores
-LONG = {"SCENARIO_MAX_STEPS": "400", "SCENARIO_BATCHES": "400"}  # still training when the fault comes
+LONG = Scenario(max_steps=400, batches=400)  # still training when the fault comes
 WITH_DEADLINE = {"DDP_SIGTERM_STOP_DEADLINE": str(DEADLINE)}
 # Runs per exit-code test; `EXIT_CODE_RUNS=50 make test` for the record in docs/reliability.md.
 EXIT_CODE_RUNS = int(os.environ.get("EXIT_CODE_RUNS", "5"))
@@ -37,8 +38,8 @@ def test_package_steps_aside_when_its_group_cannot_connect(tmp_path: Path) -> No
     training's group is made) while rank 0 waits for it: within connect_timeout both learn it, rank 0
     warns once, naming the cause and GLOO_SOCKET_IFNAME, and the run trains to its end as without the package
     (gloo's occasional abort at exit included, as in any run without a stop)."""
-    result = run_job(tmp_path, timeout=MUST_FINISH, env={"DDP_SIGTERM_CONNECT_TIMEOUT": "5"},
-                     scenario={"SCENARIO_GLOO_IFNAME": "1:nosuch0"})
+    result = run_job(tmp_path, Scenario(gloo_ifname=(1, "nosuch0")), timeout=MUST_FINISH,
+                     env={"DDP_SIGTERM_CONNECT_TIMEOUT": "5"})
     assert_finished(result, steps=12, stock=True)
     why, log = result.describe(), result.log("rank0")
     assert log.count("ddp_sigterm steps aside for this run") == 1, why
@@ -54,8 +55,8 @@ def test_stuck_peer_signalled_rank_gives_up_at_the_deadline(tmp_path: Path) -> N
     minutes), so the deadline thread must end it, saying what it waited for."""
     freeze = OutsideSignal(rank=0, batch=3, targets="rank:0", signum=signal.SIGSTOP)
     term = OutsideSignal(rank=0, batch=3, targets="rank:1", delay=1.0)
-    result = run_job(tmp_path, timeout=MUST_FINISH, outside=[freeze, term], until_exited={"rank1"},
-                     scenario=LONG, env=WITH_DEADLINE)
+    result = run_job(tmp_path, LONG, timeout=MUST_FINISH, outside=[freeze, term], until_exited={"rank1"},
+                     env=WITH_DEADLINE)
     why = result.describe()
     assert term.sent_at is not None, why
     assert not result.timed_out, why
@@ -80,8 +81,8 @@ def test_dead_peer_signalled_rank_exits_nonzero_within_the_deadline(tmp_path: Pa
     exit with -15.)"""
     kill = OutsideSignal(rank=0, batch=3, targets="rank:0", signum=signal.SIGKILL)
     term = OutsideSignal(rank=0, batch=3, targets="rank:1")
-    result = run_job(tmp_path, timeout=MUST_FINISH, outside=[kill, term], until_exited={"rank0", "rank1"},
-                     scenario=LONG, env=WITH_DEADLINE)
+    result = run_job(tmp_path, LONG, timeout=MUST_FINISH, outside=[kill, term], until_exited={"rank0", "rank1"},
+                     env=WITH_DEADLINE)
     why = result.describe()
     assert kill.sent_at is not None, why
     assert not result.timed_out, why
@@ -100,19 +101,19 @@ def test_dead_peer_signalled_rank_exits_nonzero_within_the_deadline(tmp_path: Pa
 
 # -- repeated signals ------------------------------------------------------------------------------
 def test_second_signal_during_the_save_does_not_interrupt_it(tmp_path: Path) -> None:
-    result = fit(tmp_path, inject="1:2:forward;0:*:save;1:*:save")
+    result = fit(tmp_path, Scenario(inject="1:2:forward;0:*:save;1:*:save"))
     step = assert_unison_stop(result)  # includes: the checkpoint loads and holds the stop step
     assert_stopped_after(step, 2)
-    resumed = fit(tmp_path, SCENARIO_RESUME="1")
+    resumed = fit(tmp_path, Scenario(resume=True))
     assert_finished(resumed, steps=12)
 
 
 def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
     """The documented escalation: a third stop request (2 s apart) ends the process now, mid-save; its peer
     then cannot complete the stop either and exits non-zero; no checkpoint claims to be complete."""
-    result = run_job(tmp_path, timeout=MUST_FINISH, until_exited={"rank0", "rank1"},
-                     env={"DDP_SIGTERM_STOP_DEADLINE": "60"},  # the signals end it, not the deadline
-                     scenario={"SCENARIO_INJECT": "1:2:forward;1:*:save;1:*:save", "SCENARIO_SIGNAL_GAP": "2"})
+    result = run_job(tmp_path, Scenario(inject="1:2:forward;1:*:save;1:*:save", signal_gap=2),
+                     timeout=MUST_FINISH, until_exited={"rank0", "rank1"},
+                     env={"DDP_SIGTERM_STOP_DEADLINE": "60"})  # the signals end it, not the deadline
     why = result.describe()
     assert not result.timed_out, why
     assert result.returncodes["rank1"] == GAVE_UP, why
@@ -138,8 +139,8 @@ def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, 
     array = {"SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2"} if case == "array-job" else {}
     inject = {"with-sigterm": "1:2:forward:SIGUSR1;0:2:forward:SIGTERM", "preempted": "1:2:forward:SIGTERM",
               "cannot-tell": "1:2:forward:SIGTERM"}.get(case, "1:2:forward:SIGUSR1")
-    result = run_job(tmp_path / "job", mode="slurm", timeout=MUST_FINISH, env=env, slurm=array,
-                     scenario={"SCENARIO_INJECT": inject})
+    result = run_job(tmp_path / "job", Scenario(inject=inject), mode="slurm", timeout=MUST_FINISH,
+                     env={**env, **array})
     why = result.describe()
     assert {o.get("environment") for o in result.outcomes.values()} == {"SLURMEnvironment"}, why
     if case == "cannot-tell":
@@ -173,8 +174,7 @@ def test_exit_codes_every_time(tmp_path: Path, outcome: str) -> None:
     expected = 0 if outcome == "finished" else SIGTERM_EXIT
     seen = []
     for run in range(EXIT_CODE_RUNS):
-        result = fit(tmp_path / str(run), inject="1:2:forward" if outcome == "stopped" else "",
-                     SCENARIO_MAX_STEPS="4")
+        result = fit(tmp_path / str(run), Scenario(inject="1:2:forward" if outcome == "stopped" else "", max_steps=4))
         logs = "".join(map(result.log, result.logs))
         seen.append(sorted(result.returncodes.values()))
         assert "terminate called" not in logs, result.describe()
@@ -208,7 +208,7 @@ def test_checkpoint_directory_not_writable_at_stop(tmp_path: Path) -> None:
         pytest.xfail("running as root without chattr +i (no CAP_LINUX_IMMUTABLE, or tmpfs): cannot make "
                      "default_root_dir non-writable here")
     try:
-        result = fit(tmp_path, inject="1:2:forward", SCENARIO_ROOT_DIR=str(root), SCENARIO_LOCK_ROOT="1")
+        result = fit(tmp_path, Scenario(inject="1:2:forward", root_dir=str(root), lock_root=True))
     finally:
         _unlock(root)
     why = result.describe()

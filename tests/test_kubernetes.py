@@ -9,16 +9,18 @@ the kubelet does, not its DataLoader workers), SIGKILLs whatever is left after t
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from harness import OutsideSignal, run_job
 from helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished
+from scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 GRACE = 30.0  # Kubernetes' default terminationGracePeriodSeconds
-POD_TEMPLATE = {"DDP_SIGTERM_RESUME": "1", "SCENARIO_DATA_BY_STEP": "1", "SCENARIO_BATCHES": "4",
-                "SCENARIO_MAX_STEPS": "10"}
+POD_TEMPLATE = {"DDP_SIGTERM_RESUME": "1"}  # the pods' environment
+TRAINING = Scenario(data_by_step=True, batches=4, max_steps=10)
 
 
 def drain(grace: float, batch: int = 3) -> list[OutsideSignal]:
@@ -27,8 +29,8 @@ def drain(grace: float, batch: int = 3) -> list[OutsideSignal]:
             OutsideSignal(rank=0, batch=batch, targets="all", signum=signal.SIGKILL, delay=grace)]
 
 
-def pods(out: Path, signals: list[OutsideSignal] | None = None, **env: str):
-    return run_job(out, mode="independent", timeout=MUST_FINISH, outside=signals, env={**POD_TEMPLATE, **env})
+def pods(out: Path, signals: list[OutsideSignal] | None = None, training: Scenario = TRAINING):
+    return run_job(out, training, mode="independent", timeout=MUST_FINISH, outside=signals, env=POD_TEMPLATE)
 
 
 def test_node_drain_stops_every_pod_in_the_grace_period_and_the_relaunch_resumes(tmp_path: Path) -> None:
@@ -59,13 +61,14 @@ def test_a_grace_period_shorter_than_the_save_loses_only_this_stop(tmp_path: Pat
     """The kubelet's SIGKILL comes while the stop checkpoint is being written (a 64 MiB checkpoint, a
     grace period of 0.1 s): no file is named a checkpoint, and the relaunch starts afresh and finishes."""
     signals = drain(0.1)
-    killed = pods(tmp_path / "job", signals, SCENARIO_PAYLOAD_MB="64")
+    big = replace(TRAINING, payload_mb=64)
+    killed = pods(tmp_path / "job", signals, big)
     why = killed.describe()
     assert not killed.timed_out, why
     assert signals[1].sent_at is not None, why
     assert set(killed.returncodes.values()) == {-signal.SIGKILL}, why
     assert killed.checkpoints() == [], why
-    relaunched = pods(tmp_path / "job", SCENARIO_PAYLOAD_MB="64")
+    relaunched = pods(tmp_path / "job", training=big)
     assert_finished(relaunched, steps=10)
     assert {o["batches_started"] for o in relaunched.outcomes.values()} == {10}, relaunched.describe()
 
@@ -77,7 +80,7 @@ def test_node_drain_of_a_torchrun_pod(tmp_path: Path) -> None:
     unison with exit 143 and the checkpoint, and torchrun itself exits 1 (its SignalException): a pod's
     exit code cannot say "retry me" here; a drain is recognised by its pod condition (docs/kubernetes.md)."""
     term = OutsideSignal(rank=0, batch=3, targets="pods")
-    drained = run_job(tmp_path, mode="torchrun", timeout=MUST_FINISH, outside=[term], env=POD_TEMPLATE)
+    drained = run_job(tmp_path, TRAINING, mode="torchrun", timeout=MUST_FINISH, outside=[term], env=POD_TEMPLATE)
     why = drained.describe()
     assert not drained.timed_out, why
     assert drained.returncodes == {"torchrun": 1}, why

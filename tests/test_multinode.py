@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from helpers import (
     per_rank,
     saved_step,
 )
+from scenario import Scenario
 
 pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
 
@@ -38,9 +40,9 @@ NODES, DEVICES = 2, 2
 WORLD = NODES * DEVICES
 MAX_STEPS = 20
 # Steps of 50 ms: the stop comes well before the end. The final weights are compared within float32's tolerance,
-# not bit for bit: with 4 ranks the gradients' sum depends on the order gloo adds them in (see SCENARIO_KEEP_WEIGHTS).
-JOB = {"DDP_SIGTERM_RESUME": "1", "SCENARIO_DATA_BY_STEP": "1", "SCENARIO_BATCHES": "10", "SCENARIO_STEP_SLEEP": "0.05",
-       "SCENARIO_MAX_STEPS": str(MAX_STEPS), "SCENARIO_KEEP_WEIGHTS": "1"}
+# not bit for bit: with 4 ranks the gradients' sum depends on the order gloo adds them in (see Scenario.keep_weights).
+TRAINING = Scenario(data_by_step=True, batches=10, step_sleep=0.05, max_steps=MAX_STEPS, keep_weights=True)
+RESUME = {"DDP_SIGTERM_RESUME": "1"}  # a relaunch resumes by itself
 PORT = nodes.PORT
 PYTHONS = {"stock": sys.executable, "package": sys.executable, "patched": os.environ.get("MULTINODE_PATCHED_PYTHON")}
 
@@ -56,17 +58,20 @@ def cluster() -> nodes.Nodes:
         yield made
 
 
-def node_job(out: Path, cluster: nodes.Nodes, launcher: str, env: dict[str, str] | None = None, **kwargs: Any
-             ) -> JobResult:
-    """A scenario job of ``DEVICES`` ranks on each node (see :func:`nodes.job`), configured as every test here is."""
-    return nodes.job(out, cluster, launcher, DEVICES, env={**JOB, **(env or {})}, **kwargs)
+def node_job(out: Path, cluster: nodes.Nodes, launcher: str, root: Path, inject: str = "",
+             gloo_ifname: tuple[int, str] | None = None, env: dict[str, str] | None = None,
+             **kwargs: Any) -> JobResult:
+    """A scenario job of ``DEVICES`` ranks on each node (see :func:`nodes.job`), configured as every test here is,
+    its checkpoints in ``root``; ``inject`` and ``gloo_ifname``: see :class:`scenario.Scenario`."""
+    training = replace(TRAINING, root_dir=str(root), inject=inject, gloo_ifname=gloo_ifname)
+    return nodes.job(out, cluster, launcher, DEVICES, training, env={**RESUME, **(env or {})}, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def straight_weights(cluster: nodes.Nodes, tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
     """The weights of an uninterrupted run across the nodes: what every resumed run must end with."""
     root = tmp_path_factory.mktemp("straight")
-    straight = node_job(root / "run", cluster, "independent", env={"SCENARIO_ROOT_DIR": str(root)})
+    straight = node_job(root / "run", cluster, "independent", root)
     assert_finished(straight, steps=MAX_STEPS)
     return final_weights(straight)
 
@@ -95,17 +100,16 @@ def test_stop_on_node_2_stops_both_nodes_and_resumes(cluster: nodes.Nodes, strai
     """SIGTERM to global rank 3 alone (``rank``), or to every process of node 2 at once (``drain``, as a
     node drain or a spot reclaim does): all four ranks stop at one step, exit 143, one checkpoint; the same
     command on both nodes then resumes it and ends with the uninterrupted run's weights."""
-    env = {"SCENARIO_ROOT_DIR": str(tmp_path)}
     if how == "rank":
-        stopped = node_job(tmp_path / "stop", cluster, launcher, env={**env, "SCENARIO_INJECT": "3:3:forward"})
+        stopped = node_job(tmp_path / "stop", cluster, launcher, tmp_path, inject="3:3:forward")
     else:
-        stopped = node_job(tmp_path / "stop", cluster, launcher, env=env,
+        stopped = node_job(tmp_path / "stop", cluster, launcher, tmp_path,
                            outside=OutsideSignal(rank=2, batch=3, targets="node:1"))
     assert_stopped_in_unison(stopped, tmp_path)
     codes = set(stopped.returncodes.values())
     # torchrun's agents exit 1 for any failed worker (docs/torchrun.md); every other process exits as its rank
     assert codes == ({1} if launcher == "torchrun" else {SIGTERM_EXIT}), stopped.describe()
-    resumed = node_job(tmp_path / "resume", cluster, launcher, env=env)
+    resumed = node_job(tmp_path / "resume", cluster, launcher, tmp_path)
     assert_finished(resumed, steps=MAX_STEPS)
     assert min(o["batches_started"] for o in resumed.outcomes.values()) < MAX_STEPS, "it did not resume"
     torch.testing.assert_close(final_weights(resumed), straight_weights)
@@ -211,7 +215,7 @@ def test_slurm_preempts_both_nodes_requeues_and_resumes(slurm: slurm_cluster.Clu
 
 
 # -- Gloo's pitfalls -------------------------------------------------------------------------------------------
-def three_ways(out: Path, cluster: nodes.Nodes, timeout: float, env: dict[str, str] | None = None,
+def three_ways(out: Path, cluster: nodes.Nodes, timeout: float, gloo_ifname: tuple[int, str] | None = None,
                package_env: dict[str, str] | None = None) -> dict[str, JobResult]:
     """The same no-signal job, stock (the package switched off), with the package and with the patched Lightning,
     run at once (node 0's port differs), each to its end or ``timeout``."""
@@ -220,10 +224,9 @@ def three_ways(out: Path, cluster: nodes.Nodes, timeout: float, env: dict[str, s
         pytest.fail("MULTINODE_PATCHED_PYTHON is not set: make test-multinode sets it to the patched Lightning's venv")
 
     def one(name: str) -> JobResult:
-        extra = {"SCENARIO_IMPLEMENTATION": "patched"} if name == "patched" else {}
-        return node_job(out / name, cluster, "independent", timeout=timeout, python=PYTHONS[name],
-                        env={"SCENARIO_ROOT_DIR": str(out / name), **(env or {}), **runs[name], **extra},
-                        port=str(int(PORT) + list(runs).index(name)))
+        return node_job(out / name, cluster, "independent", out / name, gloo_ifname=gloo_ifname, timeout=timeout,
+                        python=PYTHONS[name], implementation="patched" if name == "patched" else "package",
+                        env=runs[name], port=str(int(PORT) + list(runs).index(name)))
 
     with concurrent.futures.ThreadPoolExecutor(len(runs)) as pool:
         return dict(zip(runs, pool.map(one, runs)))
@@ -254,8 +257,7 @@ def test_gloo_cannot_connect_stock_package_and_patched_alike(cluster: nodes.Node
             assert not trained(result), why
             assert result.timed_out or set(result.returncodes.values()) != {0}, why
             print(f"{pitfall}, {name}: exit codes {result.returncodes}, timed out: {result.timed_out}")
-        fixed = node_job(tmp_path / "fixed", cluster, "independent", env={"GLOO_SOCKET_IFNAME": "eth0",
-                                                                          "SCENARIO_ROOT_DIR": str(tmp_path)})
+        fixed = node_job(tmp_path / "fixed", cluster, "independent", tmp_path, env={"GLOO_SOCKET_IFNAME": "eth0"})
         assert_finished(fixed, steps=MAX_STEPS)
     finally:
         for node in mapped:
@@ -267,7 +269,7 @@ def test_package_group_that_cannot_connect_steps_aside(cluster: nodes.Nodes, tmp
     later gloo groups on eth1, which node 1 cannot reach (what an NCCL job whose gloo picks the wrong interface
     meets). Stock and patched Lightning make no group of their own and finish; the package, within
     connect_timeout, steps aside on every rank with one warning that names GLOO_SOCKET_IFNAME, and finishes too."""
-    results = three_ways(tmp_path, cluster, timeout=MUST_FINISH, env={"SCENARIO_GLOO_IFNAME": "3:eth1"},
+    results = three_ways(tmp_path, cluster, timeout=MUST_FINISH, gloo_ifname=(3, "eth1"),
                          package_env={"DDP_SIGTERM_CONNECT_TIMEOUT": "4"})
     for name, result in results.items():
         assert_finished(result, steps=MAX_STEPS, stock=True)

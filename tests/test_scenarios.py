@@ -11,6 +11,7 @@ import math
 import re
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from helpers import (
     assert_unison_stop,
     fit,
 )
+from scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 # Marks the scenarios that hold for the patched Lightning too (``make test-patched``): all but those
@@ -41,11 +43,11 @@ patched = pytest.mark.patched
 # -- the regression test from the original proposal ---------------------------------------------
 @patched
 def test_seed_sigterm_rank0_batch2_stops_every_rank_and_resumes(tmp_path: Path) -> None:
-    result = fit(tmp_path, inject="0:2:forward")
+    result = fit(tmp_path, Scenario(inject="0:2:forward"))
     step = assert_unison_stop(result)
     assert_stopped_after(step, 2)
     assert_latency(result)
-    resumed = fit(tmp_path, SCENARIO_RESUME="1")
+    resumed = fit(tmp_path, Scenario(resume=True))
     assert_finished(resumed, steps=12)
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
 
@@ -53,7 +55,7 @@ def test_seed_sigterm_rank0_batch2_stops_every_rank_and_resumes(tmp_path: Path) 
 def test_every_rank_logs_the_stop(tmp_path: Path) -> None:
     """What an operator greps for after a preemption, on every rank: the signal, the rank that received it and
     when, the agreed step, the checkpoint and how long saving it took."""
-    result = fit(tmp_path, inject="1:2:forward")
+    result = fit(tmp_path, Scenario(inject="1:2:forward"))
     step = assert_unison_stop(result)
     logs = {rank: result.log(f"rank{rank}") for rank in (0, 1)}
     why = result.describe()
@@ -71,7 +73,7 @@ def test_every_rank_logs_the_stop(tmp_path: Path) -> None:
 # -- whichever rank, whichever phase, however launched -------------------------------------------
 @patched
 def test_nonzero_rank_signalled_after_optimizer_step(tmp_path: Path) -> None:
-    result = fit(tmp_path, inject="1:2:optimizer")
+    result = fit(tmp_path, Scenario(inject="1:2:optimizer"))
     assert_stopped_after(assert_unison_stop(result), 2)
     assert_latency(result)
 
@@ -80,7 +82,7 @@ def test_nonzero_rank_signalled_after_optimizer_step(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["lightning", "torchrun"])
 @pytest.mark.parametrize("rank", [0, 1])
 def test_launchers(tmp_path: Path, mode: str, rank: int) -> None:
-    result = fit(tmp_path, mode=mode, inject=f"{rank}:2:batch_start")
+    result = fit(tmp_path, Scenario(inject=f"{rank}:2:batch_start"), mode=mode)
     assert_stopped_after(assert_unison_stop(result), 2)
     assert_latency(result)
 
@@ -91,7 +93,7 @@ def test_ddp_spawn_launching_process_exits_like_its_ranks(tmp_path: Path, strate
     """strategy="ddp_spawn" (and "ddp_notebook", forked), SIGTERM to rank 1 (a spawned process): the ranks
     stop at the same step and save it, and the launching process (not a rank) exits 143 with no traceback
     (it was 1, with torch's ProcessExitedException)."""
-    result = fit(tmp_path, mode="lightning", inject="1:2:batch_start", SCENARIO_STRATEGY=strategy)
+    result = fit(tmp_path, Scenario(inject="1:2:batch_start", strategy=strategy), mode="lightning")
     why = result.describe()
     assert not result.timed_out, why
     assert result.returncodes == {"launcher": SIGTERM_EXIT}, why
@@ -107,7 +109,8 @@ def test_every_listed_stop_signal_stops_in_unison(tmp_path: Path, name: str) -> 
     """``DDP_SIGTERM_SIGNALS`` may list other stop signals: each of them, sent to rank 1 alone at batch 2 of
     an unchanged script with independently started ranks, stops every rank at the same step with exit
     128 + that signal, and saves the checkpoint (not SIGINT's KeyboardInterrupt, not death by SIGUSR1/2)."""
-    result = fit(tmp_path, inject=f"1:2:forward:{name}", DDP_SIGTERM_SIGNALS="SIGTERM,SIGINT,SIGUSR1,SIGUSR2")
+    result = fit(tmp_path, Scenario(inject=f"1:2:forward:{name}"),
+                 env={"DDP_SIGTERM_SIGNALS": "SIGTERM,SIGINT,SIGUSR1,SIGUSR2"})
     step = assert_unison_stop(result, exit_code=128 + signal.Signals[name])
     assert_stopped_after(step, 2)
     assert {o["stop"]["signum"] for o in result.outcomes.values()} == {signal.Signals[name]}, result.describe()
@@ -115,13 +118,13 @@ def test_every_listed_stop_signal_stops_in_unison(tmp_path: Path, name: str) -> 
 
 @patched
 def test_three_ranks_last_rank_in_backward(tmp_path: Path) -> None:
-    result = fit(tmp_path, world_size=3, inject="2:3:backward")
+    result = fit(tmp_path, Scenario(inject="2:3:backward"), world_size=3)
     assert_stopped_after(assert_unison_stop(result), 3)
 
 
 @patched
 def test_several_ranks_signalled_at_different_batches(tmp_path: Path) -> None:
-    result = fit(tmp_path, world_size=3, inject="0:4:forward;2:2:optimizer")
+    result = fit(tmp_path, Scenario(inject="0:4:forward;2:2:optimizer"), world_size=3)
     assert_stopped_after(assert_unison_stop(result), 2)
 
 
@@ -130,8 +133,8 @@ def test_several_ranks_signalled_at_different_batches(tmp_path: Path) -> None:
 def test_every_process_signalled_with_dataloader_workers(tmp_path: Path, mode: str) -> None:
     """As SLURM does: every process of the job, DataLoader workers included, gets SIGTERM."""
     outside = OutsideSignal(rank=1, batch=3, targets="all")
-    result = run_job(tmp_path, mode=mode, world_size=2, timeout=MUST_FINISH, outside=outside,
-                     scenario={"SCENARIO_NUM_WORKERS": "2", "SCENARIO_MAX_STEPS": "60", "SCENARIO_BATCHES": "30"})
+    result = run_job(tmp_path, Scenario(num_workers=2, max_steps=60, batches=30), mode=mode, world_size=2,
+                     timeout=MUST_FINISH, outside=outside)
     assert outside.sent_at is not None, result.describe()
     assert "killed by signal" not in "".join(p.read_text() for p in result.logs.values()), result.describe()
     assert_unison_stop(result)
@@ -140,8 +143,8 @@ def test_every_process_signalled_with_dataloader_workers(tmp_path: Path, mode: s
 
 def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
     """The framework-agnostic core in a hand-written DDP loop: same guarantee, no Lightning."""
-    result = run_job(tmp_path, mode="torchrun", world_size=2, timeout=MUST_FINISH, script=HERE / "plain_loop.py",
-                     scenario={"SCENARIO_INJECT": "1:3", "SCENARIO_MAX_STEPS": "80"})  # > 3 + 1 s of steps
+    result = run_job(tmp_path, Scenario(inject="1:3", max_steps=80),  # > 3 + 1 s of steps
+                     mode="torchrun", world_size=2, timeout=MUST_FINISH, script=HERE / "plain_loop.py")
     assert_stopped_after(assert_plain_loop_stopped(result), 3)
     assert_latency(result)
 
@@ -152,12 +155,12 @@ def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
 def test_release_stops_in_unison_and_resumes(tmp_path: Path, package: str, rank: int) -> None:
     """Each release of make test-versions, both distributions: rank 0 or rank 1 signalled at batch 2, every rank
     stops at the same step with one checkpoint, and the next run resumes from it and finishes."""
-    trainer = {"SCENARIO_LIGHTNING": package}
-    result = fit(tmp_path, inject=f"{rank}:2:forward", **trainer)
+    trainer = Scenario(trainer_package=package)
+    result = fit(tmp_path, replace(trainer, inject=f"{rank}:2:forward"))
     assert {o["trainer_package"] for o in result.outcomes.values()} == {package}, result.describe()
     step = assert_unison_stop(result)
     assert_stopped_after(step, 2)
-    resumed = fit(tmp_path, SCENARIO_RESUME="1", **trainer)
+    resumed = fit(tmp_path, replace(trainer, resume=True))
     assert_finished(resumed, steps=12)
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
 
@@ -166,62 +169,56 @@ def test_release_stops_in_unison_and_resumes(tmp_path: Path, package: str, rank:
 def test_standalone_pytorch_lightning_package_stops_in_unison_and_resumes(tmp_path: Path) -> None:
     """``import pytorch_lightning as pl``: its Trainer loads its own entry point group and has its own
     Callback and SIGTERMException classes; the package registers a callback of its own, same behaviour."""
-    standalone = {"SCENARIO_LIGHTNING": "pytorch_lightning"}
-    result = fit(tmp_path, mode="lightning", inject="1:3:backward", **standalone)
+    standalone = Scenario(trainer_package="pytorch_lightning")
+    result = fit(tmp_path, replace(standalone, inject="1:3:backward"), mode="lightning")
     assert {o["trainer_package"] for o in result.outcomes.values()} == {"pytorch_lightning"}, result.describe()
     step = assert_unison_stop(result)
     assert_stopped_after(step, 3)
-    resumed = fit(tmp_path, mode="lightning", SCENARIO_RESUME="1", **standalone)
+    resumed = fit(tmp_path, replace(standalone, resume=True), mode="lightning")
     assert_finished(resumed, steps=12)
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
 
 
 @patched
-def test_stop_latency_once_the_cadence_has_stretched(tmp_path: Path) -> None:
-    """Short steps and a signal late in training, when agreements no longer run at every step:
-    the stop still comes within max_delay."""
-    result = fit(tmp_path, inject="1:250:forward", SCENARIO_STEP_SLEEP="0.001", SCENARIO_MAX_STEPS="900",
-                 SCENARIO_BATCHES="900")
+def test_stop_latency_late_in_a_run_of_short_steps(tmp_path: Path) -> None:
+    """A signal late in a run of short steps stops within max_delay."""
+    result = fit(tmp_path, Scenario(inject="1:250:forward", step_sleep=0.001, max_steps=900, batches=900))
     step = assert_unison_stop(result)
     assert 250 <= step < 900  # steps take ~3 ms: max_delay allows ~300 more, the end of training is further
     assert_latency(result)
 
 
 def test_stop_bound_holds_when_steps_become_slower(tmp_path: Path) -> None:
-    """600 steps of ~3 ms stretch the cadence to dozens of steps between agreements; then every step
-    takes 100 times as long. Rank 1 is signalled in the slow phase at a batch where the package's count would
-    only agree 10 or more batches later: the stop must still come within max_delay and two slow steps.
-    (Not for the patched Lightning: it agrees at the end of every batch, it has no count to stretch.)"""
-    change, slow, far = 601, 0.25, 10
-    result = fit(tmp_path, SCENARIO_STEP_SLEEP="0.001", SCENARIO_SLOW_FROM=str(change), SCENARIO_SLOW_SLEEP=str(slow),
-                 SCENARIO_MAX_STEPS="660", SCENARIO_BATCHES="660", SCENARIO_SIGNAL_AHEAD=f"1:{change + 1}:{far}")
-    why = result.describe()
-    signalled = result.outcomes.get(1, {}).get("signalled_batch")
-    assert signalled is not None, f"the count never put the next agreement {far} batches ahead in the slow phase\n{why}"
+    """600 steps of ~1 ms, then every step sleeps 100 times as long (0.1 s). Rank 1 is signalled at batch 605, in
+    the slow phase: every rank stops within max(2 steps, max_delay) of the signal, however short the steps before
+    it were."""
+    change, slow, signalled = 601, 0.1, 605
+    result = fit(tmp_path, Scenario(inject=f"1:{signalled}:forward", step_sleep=0.001, slow_phase=(change, slow),
+                                    max_steps=660, batches=660))
     step = assert_unison_stop(result)
-    latest = signalled + math.ceil(MAX_DELAY / slow) + 2
-    assert signalled <= step <= latest, f"stopped at step {step}, signalled in {signalled} with the next agreement " \
-                                        f"{result.outcomes[1]['ahead']} batches ahead, bound {latest}\n{why}"
+    latest = signalled + max(2, math.ceil(MAX_DELAY / slow))
+    assert signalled <= step <= latest, f"stopped at step {step}, signalled in batch {signalled}, bound {latest}\n" \
+                                        f"{result.describe()}"
     assert_latency(result)
 
 
 @patched
 def test_fast_validation_does_not_stretch_the_wait_in_slow_training(tmp_path: Path) -> None:
-    """Validation batches take ~1 ms, training steps 200 ms: the cadence measured in validation must
-    not carry over, or a signal right after validation would wait dozens of slow steps."""
+    """Validation batches take ~1 ms, training steps 200 ms: a signal in the first training step after validation
+    stops within max_delay's worth of slow steps; how fast validation ran does not lengthen the wait."""
     step_sleep = 0.2
-    result = fit(tmp_path, inject="1:13:forward", SCENARIO_STEP_SLEEP=str(step_sleep), SCENARIO_VAL_SLEEP="0",
-                 SCENARIO_BATCHES="24", SCENARIO_MAX_STEPS="24", SCENARIO_VAL_EVERY="12", SCENARIO_VAL_BATCHES="40")
+    result = fit(tmp_path, Scenario(inject="1:13:forward", step_sleep=step_sleep, val_sleep=0, batches=24,
+                                    max_steps=24, val_every=12, val_batches=40))
     assert_stopped_after(assert_unison_stop(result), 13, step_seconds=step_sleep)
 
 
 # -- validation, trainer.validate, end of training ----------------------------------------------
 @patched
 def test_signal_during_validation_inside_fit_then_resume(tmp_path: Path) -> None:
-    result = fit(tmp_path, inject="1:2:validation", SCENARIO_VAL_EVERY="4")
+    result = fit(tmp_path, Scenario(inject="1:2:validation", val_every=4))
     step = assert_unison_stop(result)
     assert_stopped_after(step, 4)  # validation runs after the 4th step; the signal came inside it
-    resumed = fit(tmp_path, SCENARIO_RESUME="1", SCENARIO_VAL_EVERY="4")
+    resumed = fit(tmp_path, Scenario(resume=True, val_every=4))
     assert_finished(resumed, steps=12)
 
 
@@ -229,7 +226,7 @@ def test_signal_during_validation_inside_fit_then_resume(tmp_path: Path) -> None
 def test_stop_during_validation_with_persistent_workers_exits(tmp_path: Path) -> None:
     """Found by the soak: stopped inside validation, the persistent workers are still alive at exit,
     where multiprocessing ends them with SIGTERM and waits; workers that block SIGTERM must still end."""
-    result = fit(tmp_path, inject="1:2:validation", SCENARIO_VAL_EVERY="4", SCENARIO_NUM_WORKERS="2")
+    result = fit(tmp_path, Scenario(inject="1:2:validation", val_every=4, num_workers=2))
     assert_stopped_after(assert_unison_stop(result), 4)
 
 
@@ -238,7 +235,7 @@ def test_stop_during_validation_with_persistent_workers_exits(tmp_path: Path) ->
 def test_signal_during_evaluation_stages(tmp_path: Path, stage: str) -> None:
     """The package stops every stage in unison. The patched Lightning, like Lightning with one device, does not stop
     prediction on SIGTERM: there every rank must finish its prediction, exit 0, and no rank may wait for another."""
-    result = fit(tmp_path, inject="1:2:validation", SCENARIO_STAGE=stage)
+    result = fit(tmp_path, Scenario(inject="1:2:validation", stage=stage))
     if stage == "predict" and IMPLEMENTATION == "patched":
         assert_signalled_yet_finished(result, steps=0)
         assert {o["predict_batches"] for o in result.outcomes.values()} == {VAL_BATCHES}, result.describe()
@@ -251,7 +248,7 @@ def test_signal_during_evaluation_stages(tmp_path: Path, stage: str) -> None:
 def test_prediction_with_uneven_shards(tmp_path: Path, inject: str) -> None:
     """Prediction shards without padding: rank 0 predicts one batch more than rank 1. The ranks must
     neither hang nor pair up their agreements wrongly, signal or not."""
-    result = fit(tmp_path, inject=inject, SCENARIO_STAGE="predict", SCENARIO_UNEVEN="1")
+    result = fit(tmp_path, Scenario(inject=inject, stage="predict", uneven=True))
     predicted = {rank: o["predict_batches"] for rank, o in result.outcomes.items()}
     if inject and IMPLEMENTATION == "package":
         assert_unison_stop(result, checkpoint=False, same_boundary=False)
@@ -264,16 +261,16 @@ def test_prediction_with_uneven_shards(tmp_path: Path, inject: str) -> None:
 def test_signal_between_epochs_then_resume(tmp_path: Path) -> None:
     """Epoch-based training (2 epochs of 8 batches, learning rate halved at each epoch end), signal
     at the end of epoch 1."""
-    epochs = {"SCENARIO_BATCHES": "8", "SCENARIO_MAX_EPOCHS": "2", "SCENARIO_EPOCH_LR_DECAY": "1"}
-    result = fit(tmp_path / "job", inject="0:8:epoch_end", **epochs)
+    epochs = Scenario(batches=8, max_epochs=2, epoch_lr_decay=True)
+    result = fit(tmp_path / "job", replace(epochs, inject="0:8:epoch_end"))
     step = assert_unison_stop(result)
     # the package stops at its next check point, in epoch 2; the patch agrees at the end of epoch 1 already
     assert_stopped_after(step, 8)
-    resumed = fit(tmp_path / "job", SCENARIO_RESUME="1", **epochs)
+    resumed = fit(tmp_path / "job", replace(epochs, resume=True))
     assert_finished(resumed, steps=16)
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {16 - step}, resumed.describe()
     if step == 8:  # stopped on the epoch boundary: the resumed run must end exactly where an uninterrupted one does
-        straight = fit(tmp_path / "straight", **epochs)
+        straight = fit(tmp_path / "straight", epochs)
         assert_finished(straight, steps=16)
         weights = {o["weights"] for o in resumed.outcomes.values()} | {o["weights"] for o in straight.outcomes.values()}
         assert len(weights) == 1, "resumed weights differ from an uninterrupted run's"
@@ -284,7 +281,7 @@ def test_signal_after_the_last_step_is_not_lost(tmp_path: Path) -> None:
     """SIGTERM to rank 1 after the last training step. The package stops every rank at its final agreement (143 and
     the checkpoint at step 12); the patched Lightning lets the finished fit end as finished: every rank exits 0 at
     step 12, none waits for another."""
-    result = fit(tmp_path, inject="1:12:train_end")
+    result = fit(tmp_path, Scenario(inject="1:12:train_end"))
     if IMPLEMENTATION == "package":
         assert assert_unison_stop(result) == 12  # the final agreement at the end of fit
     else:
@@ -295,8 +292,7 @@ def test_signal_after_the_last_step_is_not_lost(tmp_path: Path) -> None:
 # -- single process, no signal, opt-out ----------------------------------------------------------
 @patched
 def test_single_process_stops_without_collective(tmp_path: Path) -> None:
-    result = run_job(tmp_path, mode="single", world_size=1, timeout=MUST_FINISH,
-                     scenario={"SCENARIO_INJECT": "0:3:forward"})
+    result = run_job(tmp_path, Scenario(inject="0:3:forward"), mode="single", world_size=1, timeout=MUST_FINISH)
     assert_stopped_after(assert_unison_stop(result), 3)
 
 
@@ -305,10 +301,10 @@ def test_no_signal_trains_exactly_like_stock_lightning(tmp_path: Path) -> None:
     """fit, validate, test and predict back to back on 2 ranks: the same weights as stock Lightning, and
     after each run the process holds what stock's holds (threads, the stop signals' handlers, the wakeup
     fd, exit functions): nothing of the fix outlives the run it served."""
-    ours = fit(tmp_path / "ours", SCENARIO_STAGE="all")
+    ours = fit(tmp_path / "ours", Scenario(stage="all"))
     # stock: the suite's own environment (released Lightning) with the package opted out
-    stock = run_job(tmp_path / "stock", timeout=MUST_FINISH, env={"DDP_SIGTERM": "0"}, python=sys.executable,
-                    scenario={"SCENARIO_STAGE": "all"})
+    stock = run_job(tmp_path / "stock", Scenario(stage="all"), timeout=MUST_FINISH, env={"DDP_SIGTERM": "0"},
+                    python=sys.executable)
     assert_finished(ours, steps=12)
     assert_finished(stock, steps=12, stock=True)
     package = IMPLEMENTATION == "package"
@@ -339,8 +335,8 @@ def test_one_device_test_after_a_multi_device_fit(tmp_path: Path, mode: str, sig
     Trainer agrees with no one: no signal, it finishes like stock; SIGTERM to rank 0 during its test
     stops it like any single-process run (143, no checkpoint), while rank 1 has long exited 0."""
     outside = OutsideSignal(rank=0, batch=2, targets="rank:0", phase="then") if signalled else None
-    result = run_job(tmp_path, mode=mode, timeout=MUST_FINISH, outside=outside,
-                     scenario={"SCENARIO_THEN": "test_one_device", "SCENARIO_VAL_SLEEP": "0.3"})
+    result = run_job(tmp_path, Scenario(then_test_on_one_device=True, val_sleep=0.3), mode=mode,
+                     timeout=MUST_FINISH, outside=outside)
     why = result.describe()
     assert not result.timed_out, f"hung\n{why}"
     assert sorted(result.outcomes) == [0, 1], why
@@ -366,8 +362,8 @@ def test_one_device_test_after_a_multi_device_fit(tmp_path: Path, mode: str, sig
 def test_opt_out_shows_the_stock_failure(tmp_path: Path) -> None:
     """Sensitivity: the seed scenario without the package must fail the way stock Lightning does
     (a hang cut off by the harness, or ranks out of step), so the suite proves it catches the bug."""
-    result = run_job(tmp_path, timeout=HANG_BOUND, env={"DDP_SIGTERM": "0"}, python=sys.executable,
-                     scenario={"SCENARIO_INJECT": "0:2:forward"})
+    result = run_job(tmp_path, Scenario(inject="0:2:forward"), timeout=HANG_BOUND, env={"DDP_SIGTERM": "0"},
+                     python=sys.executable)
     out_of_step = len(set(result.steps().values())) > 1 or len(result.outcomes) < result.world_size
     not_143 = any(o["exit_code"] != SIGTERM_EXIT for o in result.outcomes.values())
     print(f"stock outcome: timed_out={result.timed_out} steps={result.steps()} out_of_step={out_of_step}")

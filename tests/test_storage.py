@@ -6,12 +6,14 @@ server mode on 127.0.0.1, started here) through s3fs, as a user on object storag
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from harness import s3_filesystem, s3_server
 from helpers import SIGTERM_EXIT, assert_finished, fit
+from scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 STOP_FAILED = 200  # ddp_sigterm._core.exit_codes.STOP_FAILED, written out: the table in docs/reliability.md
@@ -35,17 +37,15 @@ def test_file_url_root_stops_saves_and_resumes_by_itself(tmp_path: Path) -> None
     """default_root_dir="file:///...": the save goes through fsspec (it used os.path, and failed); a
     relaunch with DDP_SIGTERM_RESUME=1 and no ckpt_path resumes and ends with an uninterrupted run's weights."""
     root = tmp_path / "root"
-    url = {"SCENARIO_ROOT_DIR": f"file://{root}", "SCENARIO_BATCHES": "4", "SCENARIO_MAX_STEPS": "8",
-           "SCENARIO_DATA_BY_STEP": "1"}
-    result = fit(tmp_path / "job", inject="1:2:forward", **url)
+    url = Scenario(root_dir=f"file://{root}", batches=4, max_steps=8, data_by_step=True)
+    result = fit(tmp_path / "job", replace(url, inject="1:2:forward"))
     step = stopped_in_unison(result)
     assert [p.name for p in root.iterdir() if p.name.startswith(("hpc_ckpt", ".ddp_sigterm"))] == ["hpc_ckpt_1.ckpt"]
     assert torch.load(root / "hpc_ckpt_1.ckpt", weights_only=False)["global_step"] == step
-    resumed = fit(tmp_path / "job", **url, DDP_SIGTERM_RESUME="1")
+    resumed = fit(tmp_path / "job", url, env={"DDP_SIGTERM_RESUME": "1"})
     assert_finished(resumed, steps=8)
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {8 - step}, resumed.describe()
-    straight = fit(tmp_path / "straight", SCENARIO_ROOT_DIR=str(tmp_path / "straight"), SCENARIO_BATCHES="4",
-                   SCENARIO_MAX_STEPS="8", SCENARIO_DATA_BY_STEP="1")
+    straight = fit(tmp_path / "straight", replace(url, root_dir=str(tmp_path / "straight")))
     assert_finished(straight, steps=8)
     assert same_weights(resumed, straight), "resumed weights differ from an uninterrupted run's"
 
@@ -53,9 +53,8 @@ def test_file_url_root_stops_saves_and_resumes_by_itself(tmp_path: Path) -> None
 @pytest.mark.extended
 def test_without_resume_setting_a_relaunch_starts_afresh(tmp_path: Path) -> None:
     """Off by default: the same script run again in the same directory starts from scratch, as stock does."""
-    fit_args = {"SCENARIO_MAX_STEPS": "6"}
-    stopped_in_unison(fit(tmp_path, inject="0:2:forward", **fit_args))
-    again = fit(tmp_path, **fit_args)
+    stopped_in_unison(fit(tmp_path, Scenario(inject="0:2:forward", max_steps=6)))
+    again = fit(tmp_path, Scenario(max_steps=6))
     assert_finished(again, steps=6)
     assert {o["batches_started"] for o in again.outcomes.values()} == {6}, again.describe()
 
@@ -63,9 +62,9 @@ def test_without_resume_setting_a_relaunch_starts_afresh(tmp_path: Path) -> None
 def test_a_failed_save_exits_200_everywhere_and_leaves_no_partial_file(tmp_path: Path) -> None:
     """Rank 1 cannot gather its part of the checkpoint after rank 0 wrote the file: every rank raises
     StopError and exits 200 (retryable), rank 0 removes what it wrote, the older stop checkpoint stays."""
-    first = fit(tmp_path, inject="0:2:forward")
+    first = fit(tmp_path, Scenario(inject="0:2:forward"))
     stopped_in_unison(first)
-    result = fit(tmp_path, inject="0:2:forward", SCENARIO_RESUME="1", SCENARIO_FAIL_SAVE_ON_RANK="1")
+    result = fit(tmp_path, Scenario(inject="0:2:forward", resume=True, fail_save_on_rank=1))
     why = result.describe()
     stopped_in_unison(result, exit_code=STOP_FAILED)
     outcomes = result.outcomes
@@ -109,21 +108,22 @@ def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3: dict[str
     times, the job ends with an uninterrupted run's weights; the bucket holds one stop checkpoint, the
     newest, and no temporary file."""
     prefix = f"{BUCKET}/run"
-    job = {**s3, "DDP_SIGTERM_CHECKPOINT_DIR": f"s3://{prefix}", "DDP_SIGTERM_KEEP_CHECKPOINTS": "1",
-           "DDP_SIGTERM_RESUME": "1", "SCENARIO_BATCHES": "4", "SCENARIO_MAX_STEPS": "8",
-           "SCENARIO_DATA_BY_STEP": "1"}
-    first = fit(tmp_path / "job", inject="1:2:forward", **job)
+    env = {**s3, "DDP_SIGTERM_CHECKPOINT_DIR": f"s3://{prefix}", "DDP_SIGTERM_KEEP_CHECKPOINTS": "1",
+           "DDP_SIGTERM_RESUME": "1"}
+    job = Scenario(batches=4, max_steps=8, data_by_step=True)
+    first = fit(tmp_path / "job", replace(job, inject="1:2:forward"), env=env)
     step = stopped_in_unison(first)
     assert _names(s3, prefix) == ["hpc_ckpt_1.ckpt"], first.describe()
-    second = fit(tmp_path / "job", inject="0:2:forward", **job)  # resumes at `step`, stopped again 2 batches on
+    # resumes at `step`, stopped again 2 batches on
+    second = fit(tmp_path / "job", replace(job, inject="0:2:forward"), env=env)
     later = stopped_in_unison(second)
     assert later > step, second.describe()
     assert _names(s3, prefix) == ["hpc_ckpt_2.ckpt"], second.describe()
-    last = fit(tmp_path / "job", **job)
+    last = fit(tmp_path / "job", job, env=env)
     assert_finished(last, steps=8)
     assert {o["batches_started"] for o in last.outcomes.values()} == {8 - later}, last.describe()
     assert list((tmp_path / "job").glob("hpc_ckpt_*")) == [], "a stop checkpoint went to default_root_dir"
-    straight = fit(tmp_path / "straight", SCENARIO_BATCHES="4", SCENARIO_MAX_STEPS="8", SCENARIO_DATA_BY_STEP="1")
+    straight = fit(tmp_path / "straight", job)
     assert_finished(straight, steps=8)
     assert same_weights(last, straight), "resumed weights differ from an uninterrupted run's"
 
@@ -131,8 +131,8 @@ def test_s3_stop_checkpoints_keep_newest_and_resume(tmp_path: Path, s3: dict[str
 @pytest.mark.extended
 def test_s3_failed_save_leaves_no_partial_object(tmp_path: Path, s3: dict[str, str]) -> None:
     prefix = f"{BUCKET}/failing"
-    result = fit(tmp_path, inject="0:2:forward", SCENARIO_FAIL_SAVE_ON_RANK="1", **s3,
-                 DDP_SIGTERM_CHECKPOINT_DIR=f"s3://{prefix}")
+    result = fit(tmp_path, Scenario(inject="0:2:forward", fail_save_on_rank=1),
+                 env={**s3, "DDP_SIGTERM_CHECKPOINT_DIR": f"s3://{prefix}"})
     stopped_in_unison(result, exit_code=STOP_FAILED)
     assert _names(s3, prefix) == [], result.describe()
 

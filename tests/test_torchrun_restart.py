@@ -9,26 +9,28 @@ ten times in a row (the examples under the same restart are in test_examples.py)
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from harness import run_job
 from helpers import MUST_FINISH, assert_finished, torchrun_restarts
+from scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 MAX_STEPS = 10
-JOB = {"DDP_SIGTERM_RESUME": "1", "SCENARIO_DATA_BY_STEP": "1", "SCENARIO_BATCHES": "4",
-       "SCENARIO_MAX_STEPS": str(MAX_STEPS)}
+TRAINING = Scenario(data_by_step=True, batches=4, max_steps=MAX_STEPS)
+RESUME = {"DDP_SIGTERM_RESUME": "1"}  # a relaunch resumes by itself
 
 
 
 def restarted_job(out: Path, signal_rank: int = 1):
-    return run_job(out, mode="torchrun", timeout=MUST_FINISH, env={**JOB, **torchrun_restarts()},
-                   scenario={"SCENARIO_INJECT": f"{signal_rank}:3:forward"})
+    return run_job(out, replace(TRAINING, inject=f"{signal_rank}:3:forward"), mode="torchrun", timeout=MUST_FINISH,
+                   env={**RESUME, **torchrun_restarts()})
 
 
 def straight_weights(out: Path) -> set[str]:
-    straight = run_job(out, mode="independent", timeout=MUST_FINISH, env=JOB)
+    straight = run_job(out, TRAINING, mode="independent", timeout=MUST_FINISH, env=RESUME)
     assert_finished(straight, steps=MAX_STEPS)
     return {o["weights"] for o in straight.outcomes.values()}
 
@@ -54,11 +56,13 @@ def test_torchrun_restarts_the_stopped_group_which_resumes(tmp_path: Path) -> No
 def test_without_the_workaround_the_package_warns_before_any_restart(tmp_path: Path) -> None:
     """torchrun's default (static) rendezvous with --max-restarts: nothing to restart yet, but rank 0
     says, once, what a restart would meet and what to run instead; with the workaround it says nothing."""
-    shared = run_job(tmp_path / "shared", mode="torchrun", timeout=MUST_FINISH, env={**JOB, "PET_MAX_RESTARTS": "3"})
+    shared = run_job(tmp_path / "shared", TRAINING, mode="torchrun", timeout=MUST_FINISH,
+                     env={**RESUME, "PET_MAX_RESTARTS": "3"})
     assert_finished(shared, steps=MAX_STEPS)
     assert shared.log("torchrun").count("torchrun may restart this job (--max-restarts=3)") == 1, shared.describe()
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend=c10d" in shared.log("torchrun")
-    own = run_job(tmp_path / "own", mode="torchrun", timeout=MUST_FINISH, env={**JOB, **torchrun_restarts()})
+    own = run_job(tmp_path / "own", TRAINING, mode="torchrun", timeout=MUST_FINISH,
+                  env={**RESUME, **torchrun_restarts()})
     assert_finished(own, steps=MAX_STEPS)
     assert "torchrun may restart this job" not in own.log("torchrun"), own.describe()
 

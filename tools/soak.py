@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
 from helpers import MUST_FINISH, assert_finished, assert_unison_stop
 from injection import Injection, encode, parse
+from scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 24
@@ -93,15 +94,14 @@ def _entries(rng: random.Random, rank: int) -> list[tuple[int, int | None, str]]
 
 
 def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
-    scenario = {"SCENARIO_MAX_STEPS": str(MAX_STEPS), "SCENARIO_BATCHES": str(MAX_STEPS),
-                "SCENARIO_VAL_EVERY": str(VAL_EVERY), "SCENARIO_NUM_WORKERS": str(d.workers)}
+    scenario = Scenario(max_steps=MAX_STEPS, batches=MAX_STEPS, val_every=VAL_EVERY, num_workers=d.workers)
     signum = signal.Signals[d.signal]
     outside = OutsideSignal(rank=d.outside[0], batch=d.outside[1], targets="all", signum=signum) if d.outside else None
     env = stub_scontrol(out) if d.mode == "slurm" else {}
     facts: dict = {"returncodes": None, "elapsed": 0.0}
     try:
-        stopped = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH, outside=outside, env=env,
-                          scenario={**scenario, "SCENARIO_INJECT": encode(d.inject)})
+        stopped = run_job(out, dataclasses.replace(scenario, inject=encode(d.inject)), mode=d.mode,
+                          world_size=d.world_size, timeout=MUST_FINISH, outside=outside, env=env)
         facts.update(returncodes=stopped.returncodes, elapsed=round(stopped.elapsed, 1))
         step = assert_unison_stop(stopped, exit_code=128 + signum)
         facts["step"] = step
@@ -109,8 +109,8 @@ def run_one(d: Draw, out: Path) -> tuple[bool, str, dict]:
             recorded = scontrol_calls(env)
             expected = ["requeue 4242"] if signum == signal.SIGUSR1 else ["show job --oneliner 4242"]
             assert recorded == expected, f"scontrol calls {recorded}, expected {expected}\n{stopped.describe()}"
-        resumed = run_job(out, mode=d.mode, world_size=d.world_size, timeout=MUST_FINISH,
-                          scenario={**scenario, "SCENARIO_RESUME": "1"})
+        resumed = run_job(out, dataclasses.replace(scenario, resume=True), mode=d.mode, world_size=d.world_size,
+                          timeout=MUST_FINISH)
         assert_finished(resumed, steps=MAX_STEPS)
         started = {o["batches_started"] for o in resumed.outcomes.values()}
         # a stop inside a validation round resumes at the next training batch: same count

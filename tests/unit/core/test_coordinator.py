@@ -1,0 +1,114 @@
+"""ddp_sigterm/_core/coordinator.py without a process group: one rank decides alone, logs the stop, passes on a
+signal that came after the last agreement, and works in a thread other than the main one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from ddp_sigterm import Settings, StopCoordinator
+from ddp_sigterm._core.deadline import Deadline
+
+
+@pytest.mark.parametrize("level", ["INFO", "WARNING"])
+def test_a_stop_is_logged_at_info(caplog, level: str) -> None:
+    coordinator = StopCoordinator(Settings.resolve(environ={"DDP_SIGTERM_LOG_LEVEL": level}, signals=("SIGUSR2",)))
+    coordinator.start()
+    try:
+        with caplog.at_level(logging.DEBUG, logger="root"):
+            assert not coordinator.should_stop(2)
+            os.kill(os.getpid(), signal.SIGUSR2)
+            assert coordinator.should_stop(3)
+    finally:
+        coordinator.close()
+    stops = [r.getMessage() for r in caplog.records if r.name == "ddp_sigterm"]
+    if level == "WARNING":
+        assert stops == []
+    else:
+        (line,) = stops
+        assert re.fullmatch(r"rank 0 of 1: SIGUSR2 received here at \S+ \S+ \([0-9.]+ s, 0 step boundaries before "
+                            r"the agreement\); every rank stops at step 3 \(boundary 2\)", line), line
+
+
+def test_single_process_coordinator_stops_at_the_next_boundary() -> None:
+    coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))
+    before = signal.getsignal(signal.SIGUSR2)
+    threads = threading.enumerate()
+    coordinator.start()
+    try:
+        assert [coordinator.should_stop(step) for step in range(3)] == [False, False, False]
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert coordinator.should_stop(3) is True
+        assert coordinator.exit_code == 128 + signal.SIGUSR2
+        assert coordinator.decision.step == 3
+        assert coordinator.decision.boundaries_since_signal == 0
+    finally:
+        coordinator.close()
+        coordinator.close()
+    # alone, a process has no peer to wait for and none to be told to leave by: after the stop, its
+    # handlers are its own again and nothing of the coordinator runs (the script may well go on)
+    assert signal.getsignal(signal.SIGUSR2) == before
+    assert threading.enumerate() == threads
+
+
+_LATE = """
+import os, signal, sys
+from ddp_sigterm import Settings, StopCoordinator
+seen = []
+if sys.argv[1] == "handler":
+    signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+coordinator = StopCoordinator(Settings.resolve(environ={}, signals=("SIGUSR2",)))
+coordinator.start()
+assert coordinator.decide_now(1) is False  # the run's last agreement
+os.kill(os.getpid(), signal.SIGUSR2)
+coordinator.close()
+coordinator.close()
+print("went on, handler called", len(seen), "time(s)", flush=True)
+"""
+
+
+@pytest.mark.parametrize("previous", ["default", "handler"])
+def test_a_signal_after_the_last_agreement_is_not_swallowed(previous: str) -> None:
+    """The run ended without a stop, but a stop signal came after its last agreement. With the default
+    action in place before, the process ends by the signal once the coordinator has closed (as without
+    the package); a handler someone installed was called once, when the signal arrived."""
+    done = subprocess.run([sys.executable, "-c", _LATE, previous], capture_output=True, text=True, timeout=60)
+    if previous == "default":
+        assert done.returncode == -signal.SIGUSR2, done
+        assert "SIGUSR2 came after the run's last stop agreement" in done.stderr, done
+        assert "went on" not in done.stdout
+    else:
+        assert done.returncode == 0, done
+        assert "went on, handler called 1 time(s)" in done.stdout, done
+
+
+def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() -> None:
+    """Some runners (Ray Train, notebooks' helpers) train in a thread: no signal handler runs there and
+    the wakeup fd cannot be set, so the deadline does not watch; the coordinator still works."""
+    failures: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            deadline = Deadline(1.0, (signal.SIGTERM,), "rank 0 of 2", lambda: "nothing")
+            deadline.start()
+            assert deadline._thread is None
+            deadline.close()
+            coordinator = StopCoordinator(Settings.resolve(environ={}))
+            coordinator.start(install_handlers=False)
+            assert coordinator.should_stop(0) is False
+            coordinator.close()
+        except BaseException as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert failures == []
