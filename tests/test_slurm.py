@@ -2,8 +2,8 @@
 ``sbatch`` jobs of 2 tasks, each running an unchanged example script through the sbatch scripts users
 copy (examples/slurm/), stopped the ways SLURM stops jobs: ``scancel --signal=TERM``, the time limit's
 warning signal with auto-requeue (``--signal=SIGUSR1@<s> --requeue``), and preemption by a job of a
-higher partition (``PreemptMode=REQUEUE``, ``GraceTime``). What is asserted is what SLURM records
-(``scontrol show job``) and what the job's output file shows.
+higher partition (``PreemptMode=REQUEUE``, ``GraceTime``; and ``GraceTime=0``). What is asserted is
+what SLURM records (``scontrol show job``) and what the job's output file shows.
 
 Run by ``make test-slurm`` (marker ``slurm``; not part of ``make test``): each test with the package
 (this Python's environment) and, where the patch covers the situation, with the patched Lightning
@@ -271,3 +271,140 @@ def test_preempted_job_with_the_patched_lightning_stops_but_is_not_requeued(clus
     report("preemption, patched", job, f"`JobState={fields['JobState']} ExitCode={fields['ExitCode']} "
            f"Restarts={fields['Restarts']} PreemptTime={fields['PreemptTime']}`: not requeued; stopped at step {step}",
            f"ended {ended:.1f} s after the high job's sbatch")
+
+
+# -- preemption without a grace time ----------------------------------------------------------------
+# A task that records each signal it gets (name, wall-clock time) and otherwise runs on, printing that it is alive
+# every 0.1 s: a stop that outlasts whatever SLURM gives it. Its last "alive" line is when it was killed.
+PROBE = """\
+import os, signal, sys, time
+out = open(sys.argv[1] + "." + os.environ["SLURM_PROCID"], "a", buffering=1)
+def record(signum, frame):
+    out.write(f"signal {signal.Signals(signum).name} {time.time():.3f}\\n")
+for name in ("SIGTERM", "SIGCONT", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"):
+    signal.signal(getattr(signal, name), record)
+while True:
+    out.write(f"alive {time.time():.3f}\\n")
+    time.sleep(0.1)
+"""
+
+
+@pytest.fixture
+def no_grace_time(cluster, request):
+    """The ``low`` partition with ``GraceTime=0`` and the preemption mode ``request.param`` (default REQUEUE) for one
+    test; set back to the cluster's (``GraceTime`` of slurm_cluster, REQUEUE) after it, whatever happened."""
+    mode = getattr(request, "param", "REQUEUE")
+    cluster.run("scontrol", "update", "PartitionName=low", "GraceTime=0", f"PreemptMode={mode}")
+    try:
+        yield mode
+    finally:
+        cluster.run("scontrol", "update", "PartitionName=low", f"GraceTime={slurm_cluster.GRACE_TIME}",
+                    "PreemptMode=REQUEUE")
+
+
+def preempt(cluster: slurm_cluster.Cluster, tmp: Path) -> tuple[str, float]:
+    """Submit a 1-task job to the ``high`` partition, which preempts the job holding the node's 2 CPUs; its id and the
+    wall-clock time of its sbatch."""
+    submitted = time.time()
+    high = cluster.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp}/high-%j.out",
+                       "--wrap=sleep 5").strip()
+    return high, submitted
+
+
+@pytest.mark.parametrize("no_grace_time", ["REQUEUE", "CANCEL"], indirect=True)
+def test_preemption_with_no_grace_time_sends_sigterm_then_sigkill_after_killwait(cluster, tmp_path: Path,
+                                                                                  no_grace_time: str) -> None:
+    """``GraceTime=0`` does not mean SIGKILL at once: the tasks of a preempted job get SIGTERM (and SIGCONT) at once,
+    and SIGKILL ``KillWait`` seconds later, in both preemption modes. SLURM requeues the job (REQUEUE, with
+    ``--requeue``) or ends it PREEMPTED (CANCEL) at the preemption, while its tasks still run. The tasks here (a
+    2-task srun, as in the sbatch scripts) ignore SIGTERM, so that the SIGKILL shows."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    script = tmp_path / "probe.sbatch"
+    script.write_text(f"#!/bin/bash\nsrun {sys.executable} {tmp_path / 'probe.py'} {tmp_path / 'signals'}\n")
+    job_id = cluster.run("sbatch", "--parsable", "--partition=low", "--requeue", "--nodes=1", "--ntasks-per-node=2",
+                         "--cpus-per-task=1", f"--output={tmp_path}/slurm-%j.out", str(script)).strip()
+    records = [tmp_path / f"signals.{task}" for task in (0, 1)]
+    out = tmp_path / f"slurm-{job_id}.out"
+
+    def why() -> str:
+        shown = "\n".join(f"----- {path.name} without the alive lines -----\n" + "\n".join(
+            line for line in path.read_text().splitlines() if not line.startswith("alive"))
+            for path in records if path.exists())
+        return (f"job {job_id}: {cluster.job(job_id)}\n----- {out} -----\n"
+                f"{out.read_text() if out.exists() else ''}\n{shown}")
+
+    cluster.wait_for("both tasks alive", lambda: all(path.exists() and "alive" in path.read_text()
+                                                     for path in records), 60)
+    _, preempted_at = preempt(cluster, tmp_path)
+    time.sleep(3)
+    while_running = cluster.job(job_id)  # the tasks have their SIGTERM and still run
+    cluster.wait_for(f"srun's summary in {out}", lambda: task_exit_codes(out.read_text()),
+                     slurm_cluster.KILL_WAIT + 30)
+    assert task_exit_codes(out.read_text()) == {0: KILLED, 1: KILLED}, why()
+    assert "DUE TO PREEMPTION" in out.read_text(), why()
+    expected = {"REQUEUE": ("PENDING", "1"), "CANCEL": ("PREEMPTED", "0")}[no_grace_time]
+    fields = cluster.wait_for("the preemption's record", lambda: (lambda f: f if (f.get("JobState"), f.get(
+        "Restarts")) == expected else None)(cluster.job(job_id)), 30)
+    assert not job_processes(job_id), why()
+    for path in records:
+        signals: list[tuple[str, float]] = []
+        alive = 0.0
+        for line in path.read_text().splitlines():
+            kind, *rest = line.split()
+            if kind == "signal":
+                signals.append((rest[0], float(rest[1])))
+            else:
+                alive = float(rest[0])  # printed every 0.1 s: the task died within 0.1 s after the last one
+        assert signals, f"{path.name}: no signal\n{why()}"
+        assert signals[0][0] == "SIGTERM", f"{path.name}: the first signal is not SIGTERM\n{why()}"
+        assert {name for name, _ in signals} <= {"SIGTERM", "SIGCONT"}, why()
+        term = signals[0][1] - preempted_at
+        assert term < 10, f"{path.name}: SIGTERM came {term:.1f} s after the preemptor's sbatch\n{why()}"
+        killed = alive - signals[0][1]
+        assert slurm_cluster.KILL_WAIT - 2 < killed < slurm_cluster.KILL_WAIT + 5, \
+            f"{path.name}: killed {killed:.1f} s after SIGTERM (KillWait={slurm_cluster.KILL_WAIT})\n{why()}"
+    with REPORT.open("a") as report_file:
+        report_file.write(
+            f"| preemption, GraceTime=0, {no_grace_time}, tasks ignore SIGTERM | {job_id} | 3 s after the preemption "
+            f"`JobState={while_running.get('JobState')} Restarts={while_running.get('Restarts')}`, at the end "
+            f"`JobState={fields['JobState']} Restarts={fields['Restarts']}`; task 1: "
+            f"{', '.join(name for name, _ in signals)}, then {codes_text(out.read_text())} | SIGTERM {term:.1f} s "
+            f"after the preemptor's sbatch, SIGKILL {killed:.1f} s after SIGTERM "
+            f"(KillWait={slurm_cluster.KILL_WAIT}) |\n")
+
+
+@pytest.mark.parametrize("implementation", ["package", "patched"])
+def test_preempted_with_no_grace_time_slurm_requeues_the_job_itself(cluster, tmp_path: Path, no_grace_time: str,
+                                                                   implementation: str) -> None:
+    """``GraceTime=0``, ``PreemptMode=REQUEUE``: SLURM requeues the job itself at the preemption (``Restarts=1``), and
+    its tasks get SIGTERM with ``KillWait`` to go. Every rank stops at the same step and saves; the package does not
+    requeue the job a second time (its stop line names no requeue), and the patched Lightning's job is requeued too
+    (with a grace time it is not: ``test_preempted_job_with_the_patched_lightning_stops_but_is_not_requeued``). It
+    runs again after the preemptor, resumes and finishes."""
+    max_steps = 600
+    job = Job(cluster, tmp_path, "trainer", implementation, ["--partition=low"], ["--max-steps", str(max_steps)])
+    job.wait_for_step(20)
+    high, preempted_at = preempt(cluster, tmp_path)
+    requeued = job.wait_requeued(timeout=slurm_cluster.KILL_WAIT + 30)
+    job.assert_nothing_left()
+    gone_in = time.time() - preempted_at
+    runs = job.runs()
+    assert len(runs) == 1, job.describe()
+    step = assert_stopped_together(job, runs[0], "trainer", 143, requeued=True)
+    if implementation == "package":
+        stop_line = rf"ddp_sigterm: SIGTERM received, every rank stops at step {step}; checkpoint saved to [^;\n]+\n"
+        assert re.search(stop_line, runs[0]), f"no stop line without a requeue\n{job.describe()}"
+    job.wait(f"end of high job {high}", lambda: cluster.job(high).get("JobState") == "COMPLETED", 60)
+    job.start_now()
+    fields = job.wait_ended()
+    why = job.describe()
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why
+    runs = job.runs()
+    assert len(runs) == 2, why
+    assert_resumed_and_finished(job, runs[1], step, max_steps)
+    job.assert_nothing_left()
+    report(f"preemption, GraceTime=0, {implementation}", job, f"1st run: `JobState={requeued['JobState']} "
+           f"Reason={requeued['Reason']} Restarts={requeued['Restarts']}` (SLURM's requeue), stopped at step {step} "
+           f"({codes_text(runs[0])}); 2nd: `JobState={fields['JobState']} ExitCode={fields['ExitCode']}`",
+           f"every process gone {gone_in:.1f} s after the high job's sbatch; in all "
+           f"{time.time() - preempted_at:.0f} s after it")
