@@ -3,11 +3,14 @@ preemption from the other SIGTERMs.
 
 Called by global rank 0 only, after the agreed stop's checkpoint is saved on every rank.
 
-SLURM requeues a job it preempts (``PreemptMode=REQUEUE``) only if the job is still running when the
-grace time ends and SLURM kills it. A job that saves and exits within the grace time, as a stop
-should, ends FAILED and is not requeued: the job must requeue itself. A preemption's SIGTERM looks
-like any other (``scancel``, the time limit), but ``scontrol show job`` tells them apart: a job being
-preempted has a ``PreemptTime`` (at or after its ``StartTime``: the field stays set after a requeue).
+With a grace time (``GraceTime`` > 0), SLURM requeues a job it preempts (``PreemptMode=REQUEUE``)
+only if the job is still running when the grace time ends and SLURM kills it. A job that saves and
+exits within the grace time, as a stop should, ends FAILED and is not requeued: the job must requeue
+itself. A preemption's SIGTERM looks like any other (``scancel``, the time limit), but ``scontrol show
+job`` tells them apart: a job being preempted has a ``PreemptTime`` (at or after its ``StartTime``: the
+field stays set after a requeue the job asks for). With ``GraceTime=0`` SLURM requeues the job at the
+preemption itself and shows no ``PreemptTime``: the package then saves and does not requeue again
+(tested: docs/slurm.md).
 """
 
 from __future__ import annotations

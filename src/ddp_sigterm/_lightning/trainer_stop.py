@@ -13,7 +13,7 @@ not imported here. What it changes in the Trainer it is attached to, for the dur
   requeue`` inside the handler) is replaced by the same recorder: the requeue signal stops the job
   like SIGTERM, and after the stop checkpoint global rank 0 requeues the job, once. It requeues a
   job that SLURM is preempting too (see :func:`slurm.preempted`): SLURM itself requeues only a
-  preempted job that outlives the grace time.
+  preempted job that outlives a non-zero grace time (with ``GraceTime=0`` it requeues at once).
 * At every optimizer-step boundary and every evaluation batch end the coordinator is asked
   ``should_stop``; at the agreed stop each rank saves ``hpc_ckpt_<N>.ckpt`` (during ``fit``) and
   raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``. A save
