@@ -345,7 +345,7 @@ def test_preemption_with_no_grace_time_sends_sigterm_then_sigkill_after_killwait
     expected = {"REQUEUE": ("PENDING", "1"), "CANCEL": ("PREEMPTED", "0")}[no_grace_time]
     fields = cluster.wait_for("the preemption's record", lambda: (lambda f: f if (f.get("JobState"), f.get(
         "Restarts")) == expected else None)(cluster.job(job_id)), 30)
-    assert not job_processes(job_id), why()
+    assert not slurm_cluster.job_processes(job_id), why()
     for path in records:
         signals: list[tuple[str, float]] = []
         alive = 0.0
@@ -382,7 +382,7 @@ def test_preempted_with_no_grace_time_slurm_requeues_the_job_itself(cluster, tmp
     (with a grace time it is not: ``test_preempted_job_with_the_patched_lightning_stops_but_is_not_requeued``). It
     runs again after the preemptor, resumes and finishes."""
     max_steps = 600
-    job = Job(cluster, tmp_path, "trainer", implementation, ["--partition=low"], ["--max-steps", str(max_steps)])
+    job = ExampleJob(cluster, tmp_path, "trainer", implementation, ["--partition=low"], ["--max-steps", str(max_steps)])
     job.wait_for_step(20)
     high, preempted_at = preempt(cluster, tmp_path)
     requeued = job.wait_requeued(timeout=slurm_cluster.KILL_WAIT + 30)
