@@ -1,0 +1,95 @@
+"""ddp_sigterm/_core/process.py: what the package does to the process beyond one call: DataLoader workers block
+the recorded signals (while they live, and at the interpreter's exit), and leave() after a stop."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ddp_sigterm._core.signals import SignalRecorder
+
+
+def test_after_leave_a_late_stop_signal_cannot_change_the_exit() -> None:
+    """After an agreed stop the process exits with 128 + signal on its own: torchrun's SIGTERM to the ranks still
+    running must not end it first (it would exit -15)."""
+    script = (
+        "import os, signal, sys\n"
+        "from ddp_sigterm._core import process\n"
+        "process.leave((signal.SIGTERM, signal.SIGUSR2), destroy_default_group=False)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "sys.exit(143)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 143, done.stderr
+
+
+class _MaskReport(torch.utils.data.Dataset):
+    """Each item: whether the worker has SIGTERM blocked, after the worker sent itself SIGTERM."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> bool:
+        blocked = signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        os.kill(os.getpid(), signal.SIGTERM)  # from "outside" (not the parent): kills an unprotected worker
+        return blocked
+
+
+def _exit_1_if_sigterm_blocked() -> None:
+    raise SystemExit(1 if signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []) else 0)
+
+
+def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> None:
+    recorder = SignalRecorder((signal.SIGTERM,))
+    recorder.install()
+    try:
+        loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork",
+                                             batch_size=None, timeout=60)
+        assert list(loader) == [True, True]  # the worker survived its SIGTERM, with the signal blocked
+        assert recorder.signum == 0  # the parent saw nothing
+        # any other forked process keeps SIGTERM unblocked (it inherits the Python handler, as under stock Lightning)
+        child = multiprocessing.get_context("fork").Process(target=_exit_1_if_sigterm_blocked)
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+    finally:
+        recorder.restore()
+    loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork",
+                                         batch_size=None, timeout=60)
+    # unprotected
+    with pytest.raises(RuntimeError, match="DataLoader worker .* (killed by signal|exited unexpectedly)"):
+        list(loader)
+
+
+def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> None:
+    """multiprocessing ends daemonic children at exit with SIGTERM, then joins them; DataLoader workers
+    that block SIGTERM must still end (found by the soak: a stop during validation, persistent workers)."""
+    script = (
+        "import signal, torch\n"
+        "from ddp_sigterm._core.signals import SignalRecorder\n"
+        "SignalRecorder((signal.SIGTERM,)).install()\n"
+        "loader = torch.utils.data.DataLoader(list(range(64)), num_workers=2, persistent_workers=True,\n"
+        "                                     multiprocessing_context='fork')\n"
+        "batches = iter(loader)\n"
+        "next(batches)  # the workers are alive, and stay so until the interpreter exits\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        out = "<still running after 60 s: the exit waits for workers that never end>"
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    assert child.returncode == 0, out
+    # torch's SIGCHLD handler raising for the killed workers: it cut the kills short (a hang, 1 CI run in ~10)
+    assert "Traceback" not in out, out
