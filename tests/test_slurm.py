@@ -224,18 +224,12 @@ def test_preempted_job_stops_within_the_grace_time_is_requeued_and_finishes(clus
     max_steps = 600
     job = ExampleJob(cluster, tmp_path, "trainer", "package", ["--partition=low"], ["--max-steps", str(max_steps)])
     job.wait_for_step(20)
-    high = cluster.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp_path}/high-%j.out",
-                       "--wrap=sleep 5").strip()
+    high, _ = preempt(cluster, tmp_path)
     preempting = time.monotonic()
     requeued = job.wait_requeued(timeout=slurm_cluster.GRACE_TIME + 30)
     stopped_in = time.monotonic() - preempting
-    job.wait(f"end of high job {high}", lambda: cluster.job(high).get("JobState") == "COMPLETED", 60)
-    job.start_now()
-    fields = job.wait_ended()
+    fields, runs = finish_after_preemptor(job, high)
     why = job.describe()
-    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why
-    runs = job.runs()
-    assert len(runs) == 2, why
     step = assert_stopped_together(job, runs[0], "trainer", 143, requeued=True)
     assert step < max_steps, why
     preempt_time = re.search(rf"ddp_sigterm: SIGTERM received, every rank stops at step {step}; checkpoint saved to "
@@ -258,8 +252,7 @@ def test_preempted_job_with_the_patched_lightning_stops_but_is_not_requeued(clus
     docs/slurm.md). The package requeues it (the test above)."""
     job = ExampleJob(cluster, tmp_path, "trainer", "patched", ["--partition=low"], ["--max-steps", "2000"])
     job.wait_for_step(20)
-    cluster.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp_path}/high-%j.out",
-                "--wrap=sleep 5")
+    preempt(cluster, tmp_path)
     preempting = time.monotonic()
     fields = job.wait_ended(timeout=slurm_cluster.GRACE_TIME + 30)
     ended = time.monotonic() - preempting
@@ -300,6 +293,19 @@ def no_grace_time(cluster, request):
     finally:
         cluster.run("scontrol", "update", "PartitionName=low", f"GraceTime={slurm_cluster.GRACE_TIME}",
                     "PreemptMode=REQUEUE")
+
+
+def finish_after_preemptor(job: ExampleJob, high: str) -> tuple[dict[str, str], list[str]]:
+    """Once the preemptor ``high`` has completed, the requeued ``job`` runs again at once and completes, on its
+    second run: its record and the output of each run."""
+    job.wait(f"end of high job {high}", lambda: job.cluster.job(high).get("JobState") == "COMPLETED", 60)
+    job.start_now()
+    fields = job.wait_ended()
+    why = job.describe()
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why
+    runs = job.runs()
+    assert len(runs) == 2, why
+    return fields, runs
 
 
 def preempt(cluster: slurm_cluster.Cluster, tmp: Path) -> tuple[str, float]:
@@ -394,13 +400,7 @@ def test_preempted_with_no_grace_time_slurm_requeues_the_job_itself(cluster, tmp
     if implementation == "package":
         stop_line = rf"ddp_sigterm: SIGTERM received, every rank stops at step {step}; checkpoint saved to [^;\n]+\n"
         assert re.search(stop_line, runs[0]), f"no stop line without a requeue\n{job.describe()}"
-    job.wait(f"end of high job {high}", lambda: cluster.job(high).get("JobState") == "COMPLETED", 60)
-    job.start_now()
-    fields = job.wait_ended()
-    why = job.describe()
-    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why
-    runs = job.runs()
-    assert len(runs) == 2, why
+    fields, runs = finish_after_preemptor(job, high)
     assert_resumed_and_finished(job, runs[1], step, max_steps)
     job.assert_nothing_left()
     report(f"preemption, GraceTime=0, {implementation}", job, f"1st run: `JobState={requeued['JobState']} "
