@@ -4,8 +4,10 @@ PYTHON ?= python3.11
 VENV ?= .venv
 VENV_TORCH := .venv-torch
 VENV_PATCHED := .venv-patched
-SERIES := patches/lightning-2.6.6
-PATCHED_WHEEL := dist/lightning-2.6.6+ddpsigterm-py3-none-any.whl
+# The release the patch series is built on: patches/build.sh pins it (with its sha256).
+PATCHED_RELEASE := $(shell sed -n 's/^VERSION=//p' patches/build.sh)
+SERIES := patches/lightning-$(PATCHED_RELEASE)
+PATCHED_WHEEL := dist/lightning-$(PATCHED_RELEASE)+ddpsigterm-py3-none-any.whl
 PIP_FLAGS := --quiet --disable-pip-version-check
 # The Lightning releases make test-versions runs on (lightning and pytorch_lightning, each venv has both): those the
 # package's Lightning internals were checked against, listed once, as CHECKED in $(INTERNALS) (README.md says why
@@ -16,15 +18,15 @@ TORCH := $(shell sed -n 's/^torch==//p' requirements/constraints.txt)
 # The scenarios (and the Trainer example) marked patched, run by the patched Lightning (no ddp_sigterm there;
 # the version is asserted), then the test the patch series adds to Lightning's own suite.
 PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_IMPLEMENTATION=patched \
-	SCENARIO_EXPECT_LIGHTNING=2.6.6+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched tests/test_scenarios.py \
-	tests/test_examples.py
+	SCENARIO_EXPECT_LIGHTNING=$(PATCHED_RELEASE)+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched \
+	tests/test_scenarios.py tests/test_examples.py
 # Lightning's own tests of what the series changes, from its 2.6.5 tests with the series' tests/ hunks applied
-# (patches/build.sh --tests): the 16 test_auto_restart_under_signal cases, the signal connector's tests, the
+# (patches/build.sh --tests): the test_auto_restart_under_signal cases, the signal connector's tests, the
 # CombinedLoader's and SIGTERMException's tests, and fabric's test_distributed.py (run apart: another conftest); then
 # the standalone two-process tests of test_ddp_sigterm_handling.py, one pytest process each, as Lightning's CI runs
 # them (tools/upstream_suite.py standalone). Run from the tests/ folder, as Lightning's CI does, by the patched build
 # alone.
-RELEASE_TESTS := build/lightning-2.6.6-tests/tests
+RELEASE_TESTS := build/lightning-$(PATCHED_RELEASE)-tests/tests
 RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
 RELEASE_STANDALONE := tests_pytorch/trainer/test_ddp_sigterm_handling.py
 PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/utilities/test_auto_restart.py \
@@ -36,14 +38,18 @@ PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/
 
 # Lightning's sources that no package index has: its tests (the release sdist has none), its master snapshot and the
 # open upstream pull requests' diffs, in one folder; make fetch-upstream builds what it lacks from Lightning's git
-# repository (tools/fetch_upstream.sh says what each is). LIGHTNING_SOURCES=<folder> points elsewhere;
-# LIGHTNING_TESTS, LIGHTNING_MASTER and OPEN_PRS name one item each.
-LIGHTNING_SOURCES ?= ../shared/upstream
+# repository at the commits it pins (tools/fetch_upstream.sh says what each is). LIGHTNING_SOURCES=<folder> points
+# elsewhere (.ci/run: the folder this machine keeps them in); LIGHTNING_TESTS, LIGHTNING_MASTER and OPEN_PRS name one
+# item each.
+LIGHTNING_SOURCES ?= build/lightning-sources
 # Lightning's own tests, stock and with the package: see tools/upstream_suite.py.
-LIGHTNING_TESTS ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-2.6.5-tests.tar.gz)
+# $(call ARCHIVE,master|tests): that archive's path in $(LIGHTNING_SOURCES), named where its commit is pinned.
+ARCHIVE = $(shell bash tools/fetch_upstream.sh --path $(1) $(LIGHTNING_SOURCES))
+LIGHTNING_TESTS ?= $(wildcard $(call ARCHIVE,tests))
 # The first line of a recipe that needs them (test-lightning, test-patched): stops it when the archive is missing.
 NEED_LIGHTNING_TESTS = @test -n "$(LIGHTNING_TESTS)" || { echo "error: Lightning's tests" \
-	"(lightning-2.6.5-tests.tar.gz) not found in $(LIGHTNING_SOURCES)/: make fetch-upstream builds it there, or set" \
+	"($(notdir $(call ARCHIVE,tests))) not found in $(LIGHTNING_SOURCES)/:" \
+	"make fetch-upstream builds it there, or set" \
 	"LIGHTNING_SOURCES=<its folder>" >&2; exit 1; }
 LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.py \
 	tests_pytorch/trainer/connectors/test_callback_connector.py tests_pytorch/loops \
@@ -55,7 +61,7 @@ LIGHTNING_TEST_FILES := tests_pytorch/trainer/connectors/test_signal_connector.p
 # `series` of .patch files). The trees are recreated on every run: do not work inside them. Each is installed
 # editable in a venv of its own, without ddp_sigterm: see tools/upstream_suite.py.
 # SERIES_MASTER=<folder> tests another series; a folder without a `series` file means none (patched == unpatched).
-LIGHTNING_MASTER ?= $(wildcard $(LIGHTNING_SOURCES)/lightning-master-7f0c3436cd.tar.gz)
+LIGHTNING_MASTER ?= $(wildcard $(call ARCHIVE,master))
 # The open upstream pull requests' diffs; a series' `base` file names those it is stacked on (applied first, in
 # master-base/ and master-patched/; patches/build.sh does the same for the release build).
 OPEN_PRS ?= $(LIGHTNING_SOURCES)/open-prs
@@ -117,7 +123,7 @@ $(VENV_TORCH)/.installed: requirements/constraints.txt
 	$(@D)/bin/pip install $(PIP_FLAGS) --no-deps -e .
 	touch $@
 
-# Lightning 2.6.6 with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
+# Lightning $(PATCHED_RELEASE) with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
 $(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIES)/base $(SERIES)/*.patch) \
 		requirements/constraints.txt requirements/test.txt
 	rm -rf $(VENV_PATCHED)
@@ -143,7 +149,7 @@ define upstream_venv
 endef
 
 upstream-trees:
-	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot (lightning-master-7f0c3436cd.tar.gz)" \
+	@test -n "$(LIGHTNING_MASTER)" || { echo "error: Lightning's master snapshot ($(notdir $(call ARCHIVE,master)))" \
 		"not found in $(LIGHTNING_SOURCES)/: make fetch-upstream builds it there, or set LIGHTNING_SOURCES=<its folder>" \
 		>&2; exit 1; }
 	$(PYTHON) tools/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
@@ -169,8 +175,9 @@ fetch-upstream:
 
 patched-lightning: $(VENV_PATCHED)/.installed
 
-# The README's test command: unit tests and the multi-process scenarios on Lightning 2.6.6 (pyproject.toml's addopts
-# leave out the targets below: the release matrix, the extended matrices and repetitions, SLURM).
+# The README's test command: unit tests and the multi-process scenarios on the Lightning requirements/constraints.txt
+# pins (pyproject.toml's addopts leave out the targets below: the release matrix, the extended matrices and
+# repetitions, SLURM).
 test: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra
 
@@ -193,12 +200,13 @@ test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.
 			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
 	done
 
-# What make test leaves out to stay short: jobs repeated to catch what happens now and then (gloo's abort at
-# exit), the stop signals other than SIGTERM and SIGINT, and the examples' second launchers.
 # The releases of make test-versions, one line, for the CI's matrix.
 versions:
 	@echo $(VERSIONS)
 
+# What make test leaves out to stay short: jobs repeated to catch what happens now and then (gloo's abort at
+# exit), the stop signals other than SIGTERM and SIGINT, the examples' second launchers, more seeds of the
+# uneven-loop test.
 test-extended: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra -m extended
 
@@ -271,7 +279,8 @@ bench-master: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_BASE)/.
 		$(VENV_UPSTREAM_PATCHED)/.installed
 	$(PYTHON) benchmarks/master.py $(if $(REPS),--reps $(REPS))
 
-# The package's group set-up time and the stop latency across 2 and 4 network-namespace nodes of 2 ranks (root).
+# The package's group set-up time and the stop latency across network-namespace nodes of 2 ranks (root; the
+# node counts are benchmarks/multinode.py's --nodes).
 bench-multinode: $(VENV)/.installed
 	trap '$(VENV)/bin/python tests/nodes.py cleanup' EXIT; $(VENV)/bin/python benchmarks/multinode.py
 

@@ -14,8 +14,8 @@ LABEL=ddpsigterm
 SERIES=patches/lightning-$VERSION
 
 # The open upstream pull requests the series is stacked on ($SERIES/base names their diffs, applied first, CHANGELOG
-# hunks left out): their folder, ../shared/upstream/open-prs unless OPEN_PRS says otherwise.
-OPEN_PRS=${OPEN_PRS:-../shared/upstream/open-prs}
+# hunks left out): their folder, open-prs/ in the Makefile's LIGHTNING_SOURCES unless OPEN_PRS says otherwise.
+OPEN_PRS=${OPEN_PRS:-${LIGHTNING_SOURCES:-build/lightning-sources}/open-prs}
 
 # apply TREE PATCH FILTER...: git apply, not patch: it takes the filters, and a patch with a hunk that does not apply
 # changes nothing; the ceiling keeps it from taking build/ for part of this repository.

@@ -10,13 +10,20 @@
 # The archives are `git archive` output (gzip -n), so the same commit gives the same files.
 #
 #   bash tools/fetch_upstream.sh DEST      (make fetch-upstream: DEST is $(LIGHTNING_SOURCES))
+#   bash tools/fetch_upstream.sh --path master|tests DEST
+#                                          prints that archive's path: the Makefile takes the pinned names from here
 #
 # Builds only what DEST lacks, so a complete folder costs nothing and needs no network. LIGHTNING_REPO=<url or path>
 # clones another copy of the repository. Fails, naming the commit, when one cannot be found (a pull request whose
 # head was force-pushed away from the pinned one, say): the pinned diffs are what the series was checked against.
 set -euo pipefail
 
-DEST=${1:?usage: tools/fetch_upstream.sh DEST}
+PRINT=""
+if [ "${1:-}" = --path ]; then
+  PRINT=${2:?usage: tools/fetch_upstream.sh --path master|tests DEST}
+  shift 2
+fi
+DEST=${1:?usage: tools/fetch_upstream.sh [--path master|tests] DEST}
 REPO=${LIGHTNING_REPO:-https://github.com/Lightning-AI/pytorch-lightning.git}
 MASTER=7f0c3436cd3f6ad3753125672024fc415cbcb414
 MASTER_PATHS=(.actions .github/CONTRIBUTING.md .github/PULL_REQUEST_TEMPLATE.md .pre-commit-config.yaml LICENSE
@@ -29,6 +36,12 @@ PULLS=(21666:b4794f794b22 21407:7ed9ea79cbbf 21640:4aa8af723d71 21665:8b24b0b2dc
 
 MASTER_ARCHIVE=$DEST/lightning-master-${MASTER:0:10}.tar.gz
 RELEASE_ARCHIVE=$DEST/lightning-$RELEASE-tests.tar.gz
+case $PRINT in
+  "") ;;
+  master) echo "$MASTER_ARCHIVE"; exit 0 ;;
+  tests) echo "$RELEASE_ARCHIVE"; exit 0 ;;
+  *) echo "error: --path master or --path tests, not $PRINT" >&2; exit 2 ;;
+esac
 missing=()
 for file in "$MASTER_ARCHIVE" "$RELEASE_ARCHIVE"; do
   [ -f "$file" ] || missing+=("$file")

@@ -1,13 +1,13 @@
 """Run Lightning's own tests against two set-ups of Lightning and compare them, test by test.
 
 ``make test-lightning`` (``package``): Lightning's release tests (the release sdist has none: they come from an
-archive of Lightning's repository, see ../shared/upstream/README.md), run twice in this project's environment: stock
+archive of Lightning's repository: tools/fetch_upstream.sh), run twice in this project's environment: stock
 (``DDP_SIGTERM=0``, the package switched off) and with the package active, as a user who installed it runs
 Lightning. A test whose outcome differs fails the comparison, unless it is listed as an accepted difference,
 with the reason (docs/how-it-works.md lists them too); the accepted differences must show (they prove the
 package was active). Exits 1 on any other difference, a missing accepted one, or a run that did not finish.
 
-    python tools/upstream_suite.py package --archive ../shared/upstream/lightning-2.6.5-tests.tar.gz --into build \\
+    python tools/upstream_suite.py package --archive $LIGHTNING_SOURCES/lightning-2.6.5-tests.tar.gz --into build \\
         tests_pytorch/trainer/connectors/test_signal_connector.py ...
 
 (``package`` may be left out: the first form of this script had no sub-command.)
@@ -25,8 +25,8 @@ the series or its base deleted its file); differences the series does not fix ye
 reason. Tests failing in both trees are notes (this machine's environment). ``standalone`` runs the standalone tests
 of some files with one Python (make test-patched).
 
-    python tools/upstream_suite.py prepare --archive ../shared/upstream/lightning-master-7f0c3436cd.tar.gz \\
-        --series patches/lightning-master --open-prs ../shared/upstream/open-prs --into build/upstream
+    python tools/upstream_suite.py prepare --archive $LIGHTNING_SOURCES/lightning-master-7f0c3436cd.tar.gz \\
+        --series patches/lightning-master --open-prs $LIGHTNING_SOURCES/open-prs --into build/upstream
     python tools/upstream_suite.py trees --series patches/lightning-master --out build/upstream/results \\
         --unpatched build/upstream/master .venv-upstream/bin/python \\
         --patched build/upstream/master-patched .venv-upstream-patched/bin/python tests_pytorch/loops ...
@@ -247,7 +247,7 @@ def read_series(series: Path) -> list[tuple[str, list[Path]]]:
 
 def read_base(series: Path, open_prs: Path | None) -> list[Path]:
     """The diffs of the open upstream pull requests the series is stacked on, in order: the names in ``series/base``,
-    files of ``open_prs`` (../shared/upstream/open-prs). [] without a base file; exits on a missing diff."""
+    files of ``open_prs`` ($LIGHTNING_SOURCES/open-prs). [] without a base file; exits on a missing diff."""
     names = series_lines(series / "base") if (series / "base").is_file() else []
     if names and open_prs is None:
         sys.exit(f"error: {series}/base names {', '.join(names)}: give their folder with --open-prs")
@@ -531,14 +531,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     package = commands.add_parser("package", help="make test-lightning: stock against the package, one environment")
-    package.add_argument("--archive", type=Path, required=True, help="Lightning's tests, as in ../shared/upstream")
+    package.add_argument("--archive", type=Path, required=True, help="Lightning's tests, as in $LIGHTNING_SOURCES")
     package.add_argument("--into", type=Path, default=Path("build"), help="where to unpack it")
     package.add_argument("files", nargs="+", help="test files or folders, relative to the archive's tests/")
     package.set_defaults(main=compare_package)
     trees = commands.add_parser("prepare", help="make test-upstream: the unpatched and the patched tree")
     trees.add_argument("--archive", type=Path, required=True, help="Lightning's master snapshot (.tar.gz)")
     trees.add_argument("--series", type=Path, required=True, help="the series folder (patches/lightning-master)")
-    trees.add_argument("--open-prs", type=Path, help="the diffs the series' base file names (shared/upstream/open-prs)")
+    trees.add_argument("--open-prs", type=Path,
+                       help="the diffs the series' base file names ($LIGHTNING_SOURCES/open-prs)")
     trees.add_argument("--into", type=Path, default=Path("build/upstream"), help="where the trees go")
     trees.set_defaults(main=prepare)
     compare = commands.add_parser("trees", help="make test-upstream: the two trees' tests, each in its venv")
