@@ -56,7 +56,7 @@ def test_every_lightning_internal_the_package_reaches_is_there(distribution: str
 
 
 def test_the_dataloader_iterator_the_fork_hook_looks_for_is_there() -> None:
-    """signals._forked_by_dataloader finds a DataLoader's fork by the code object of this constructor."""
+    """process._forked_by_dataloader finds a DataLoader's fork by the code object of this constructor."""
     assert callable(_MultiProcessingDataLoaderIter.__init__)
     assert _MultiProcessingDataLoaderIter.__init__.__code__.co_name == "__init__"
 

@@ -9,13 +9,16 @@ script's signal handling. A loop opts in with one call, after ``fabric.launch()`
     fabric.launch()
     model, optimizer = fabric.setup(model, optimizer)
     stop = unison_stop(fabric)            # every rank, same point: records stop signals from here on
-    for step in range(start, max_steps + 1):
-        ...                               # forward, fabric.backward(loss), optimizer.step()
-        if stop.should_stop(step):        # same answer on every rank, at the same step
-            save_at_stop(fabric, path, state)  # fabric.save, checked on every rank
-            raise SystemExit(stop.exit_code)  # 128 + signal: 143 for SIGTERM
-    if stop.decide_now(step):             # a signal after the last agreement is not lost
-        ...
+    try:
+        for step in range(start, max_steps + 1):
+            ...                           # forward, fabric.backward(loss), optimizer.step()
+            if stop.should_stop(step):    # same answer on every rank, at the same step
+                save_at_stop(fabric, path, state)  # fabric.save, checked on every rank
+                raise SystemExit(stop.exit_code)  # 128 + signal: 143 for SIGTERM
+        if stop.decide_now(step):         # a signal after the last agreement is not lost
+            ...
+    finally:
+        stop.close()                      # every rank: handlers back, the heartbeat and its groups gone
 
 The entry points (``lightning.fabric.callbacks_factory`` and ``lightning_fabric.callbacks_factory``)
 add a :class:`FabricStop` to every Fabric. It holds the settings and the coordinator, and does nothing

@@ -171,7 +171,7 @@ class StopCoordinator:
         self._recorder.restore()
         stopped, rank = self._decision is not None, self.rank
         if stopped and self.world_size > 1:
-            process.leave(self._recorder.signals, destroy_default_group=self.settings.destroy_at_exit)
+            process.leave(self.ignored_after_stop, destroy_default_group=self.settings.destroy_at_exit)
         if self._deadline is not None:
             self._deadline.close(keep_armed=stopped)
             self._deadline = None
@@ -209,6 +209,12 @@ class StopCoordinator:
     @property
     def requeue_signal(self) -> int | None:
         return self._requeue_signal
+
+    @property
+    def ignored_after_stop(self) -> tuple[int, ...]:
+        """The signals the process ignores from an agreed stop until it exits: the stop signals when
+        several ranks stopped (:func:`ddp_sigterm._core.process.leave`), none in a process alone."""
+        return self._recorder.signals if self.world_size > 1 else ()
 
     def _waiting_for_now(self) -> str:
         """What this rank waits for, named by the stop deadline if it runs out (read from its thread)."""
@@ -357,9 +363,7 @@ class StopCoordinator:
         agreement = self._started()
         where = f"the end of {what} at {self._where(step)}"
         with self.waiting_for(f"{where}, which needs all {self.world_size} ranks"):
-            failed = agreement.lowest_failed_rank(succeeded, where)
-        self._activity = f"the process to exit after {what} at {self._where(step)}"
-        return failed
+            return agreement.lowest_failed_rank(succeeded, where)
 
     @property
     def agreed(self) -> StopDecision:

@@ -47,14 +47,12 @@ class SignalRecorder:
         self.signals = tuple(signals)
         self.signum = 0
         self.received_at: float | None = None
-        self.count = 0
         self.mask = 0  # bit ``1 << n`` set once signal n was received
         self._previous: dict[int, Handler] = {}
 
     # -- the handler ---------------------------------------------------------------------------
     def record(self, signum: int, frame: FrameType | None = None) -> None:
         # Only assignments: safe wherever the main thread was interrupted.
-        self.count += 1
         self.mask |= 1 << signum
         if not self.signum:
             self.received_at = time.monotonic()

@@ -10,7 +10,7 @@ naming it. Behaviour that depends on the release is gated on its version (:func:
 ``hasattr``.
 
 (The one private name of torch the package uses, ``_MultiProcessingDataLoaderIter.__init__``, stays
-with the code that needs it, ``_core/signals.py``, which must not import Lightning; the canary checks
+with the code that needs it, ``_core/process.py``, which must not import Lightning; the canary checks
 it too.)
 """
 

@@ -230,10 +230,9 @@ class TrainerStop(Integration):
         if coordinator is None or not stops(step):
             return
         decision = coordinator.agreed
-        # Lightning puts its saved handlers back at teardown, after this callback has closed: for the
-        # stop signals of a multi-process run, make that SIG_IGN, so a late signal cannot change the
-        # exit code (see process.leave).
-        internals.mark_stopped(trainer, coordinator.signals if coordinator.world_size > 1 else ())
+        # Lightning puts its saved handlers back at teardown, after this callback has closed: make that
+        # SIG_IGN for the signals process.leave ignores, so a late signal cannot change the exit code.
+        internals.mark_stopped(trainer, coordinator.ignored_after_stop)
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
             agreed += f"; checkpoint saved to {_save_stop_checkpoint(trainer, coordinator, step)}"
