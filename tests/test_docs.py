@@ -1,8 +1,10 @@
 """The documentation's links lead somewhere: every relative link in README.md, CHANGELOG.md, docs/ and the
 patch series' descriptions names a file of the repository, and every ``#anchor`` a heading of the file it
 points to (GitHub's anchors). Links to other sites are not fetched (CI has no network); they are listed by
-``test_external_links_are_few_and_known`` so that a new one is a conscious addition. And docs/slurm.md shows the
-sbatch scripts tests/test_slurm.py submits, as they are."""
+``test_external_links_are_few_and_known`` so that a new one is a conscious addition. docs/slurm.md shows the
+sbatch scripts tests/test_slurm.py submits, as they are. The README lists the tested releases the package
+checks (``internals.CHECKED``), and the docs and examples call ``stop.<name>`` only for what
+StopCoordinator has."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ import re
 from pathlib import Path
 
 import pytest
+
+from ddp_sigterm import StopCoordinator
+from ddp_sigterm._lightning.internals import CHECKED
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md"),
@@ -68,3 +73,18 @@ def test_docs_slurm_shows_the_sbatch_scripts_the_slurm_tests_submit() -> None:
     assert scripts
     for script in scripts:
         assert script.read_text().rstrip() in docs, f"docs/slurm.md does not show {script.name} as it is"
+
+
+def test_readme_lists_the_releases_the_package_checks() -> None:
+    tested = re.search(r"\*\*Tested Lightning releases\*\*(.*?)\n\n", (ROOT / "README.md").read_text(), re.DOTALL)
+    assert tested is not None
+    listed = re.findall(r"\*\*(\d+\.\d+\.\d+)\*\*", tested.group(1))
+    assert tuple(listed) == CHECKED
+
+
+def test_the_coordinator_methods_the_docs_call_exist() -> None:
+    sources = [path for path in [*DOCUMENTS, *(ROOT / "examples").glob("*.py")] if "patches" not in path.parts]
+    texts = [path.read_text() for path in sources]
+    called = {name for text in texts for name in re.findall(r"\bstop\.([a-z_]+)", text)}
+    assert called, "no stop.<name> found: the pattern no longer matches the docs"
+    assert sorted(name for name in called if not hasattr(StopCoordinator, name)) == []
