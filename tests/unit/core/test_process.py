@@ -61,9 +61,11 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
         assert child.exitcode == 0
     finally:
         recorder.restore()
-    loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork",
-                                         batch_size=None, timeout=60)
-    # unprotected
+    # unprotected. No timeout: torch then checks its workers every 5 s. Its SIGCHLD handler, which reports a killed
+    # worker at once, may be gone: a Trainer's teardown earlier in this process (test_lightning_integration) puts back
+    # every handler it saw at set-up, SIG_DFL for SIGCHLD included, and torch installs its handler once per process;
+    # a 60 s timeout then cost a minute of make test.
+    loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork", batch_size=None)
     with pytest.raises(RuntimeError, match="DataLoader worker .* (killed by signal|exited unexpectedly)"):
         list(loader)
 
