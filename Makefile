@@ -22,19 +22,15 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 	tests/test_scenarios.py tests/test_examples.py
 # Lightning's own tests of what the series changes, from its 2.6.5 tests with the series' tests/ hunks applied
 # (patches/build.sh --tests): the test_auto_restart_under_signal cases, the signal connector's tests, the
-# CombinedLoader's and SIGTERMException's tests, and fabric's test_distributed.py (run apart: another conftest); then
-# the standalone two-process tests of test_ddp_sigterm_handling.py, one pytest process each, as Lightning's CI runs
-# them (tools/upstream_suite.py standalone). Run from the tests/ folder, as Lightning's CI does, by the patched build
-# alone.
+# SIGTERMException's tests, PR 1's multi-process tests (test_ddp_sigterm_handling.py), and fabric's
+# test_distributed.py (run apart: another conftest). Run from the tests/ folder, as Lightning's CI does, by the patched
+# build alone.
 RELEASE_TESTS := build/lightning-$(PATCHED_RELEASE)-tests/tests
 RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
-RELEASE_STANDALONE := tests_pytorch/trainer/test_ddp_sigterm_handling.py
 PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/utilities/test_auto_restart.py \
-	tests_pytorch/trainer/connectors/test_signal_connector.py \
-	tests_pytorch/utilities/test_combined_loader.py tests_pytorch/utilities/test_exceptions.py \
-	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py && cd $(CURDIR) \
-	&& $(PYTHON) tools/upstream_suite.py standalone --python $(VENV_PATCHED)/bin/python --tests $(RELEASE_TESTS) \
-		--out build/standalone-patched $(RELEASE_STANDALONE)
+	tests_pytorch/trainer/connectors/test_signal_connector.py tests_pytorch/utilities/test_exceptions.py \
+	tests_pytorch/trainer/test_ddp_sigterm_handling.py \
+	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py
 
 # Lightning's sources that no package index has: its tests (the release sdist has none), its master snapshot and the
 # open upstream pull requests' diffs, in one folder; make fetch-upstream builds what it lacks from Lightning's git
@@ -76,8 +72,8 @@ VENV_UPSTREAM_BASE := .venv-upstream-base
 # DataLoader workers and signals meet) and loops/ whole; the CombinedLoader's and SIGTERMException's tests; the
 # OnExceptionCheckpoint / save_on_exception tests (master has no callbacks/test_on_exception_checkpoint.py: they live
 # in checkpointing/test_model_checkpoint.py, whole, and in trainer/test_trainer.py, mostly slow ddp_spawn tests: only
-# its exception tests); test_ddp_sigterm_handling.py needs 2 GPUs (skipped here). Test files the series adds or changes
-# are run too.
+# its exception tests); test_ddp_sigterm_handling.py (#20825's test, which needs 2 GPUs, unpatched; PR 1's multi-process
+# tests on CPU, patched). Test files the series adds or changes are run too.
 UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 	tests_pytorch/utilities/test_auto_restart.py tests_pytorch/utilities/test_combined_loader.py \
 	tests_pytorch/utilities/test_exceptions.py \

@@ -12,18 +12,17 @@ package was active). Exits 1 on any other difference, a missing accepted one, or
 
 (``package`` may be left out: the first form of this script had no sub-command.)
 
-``make test-upstream`` (``prepare``, then ``trees``): Lightning's ``master`` snapshot, unpacked by ``prepare`` as
-three git repositories (the snapshot's commit tagged ``snapshot``): ``master`` as it is, ``master-base`` with the open
-upstream pull requests the series is stacked on (its ``base`` file: #21666; one commit each, tagged ``base``), and
-``master-patched`` with those and the pull requests of patches/lightning-master/ applied by ``git am``. The first and
-the last are installed editable in a venv each, neither with ddp_sigterm (``trees`` checks it); ``master-base`` is the
-floor of make bench-master. ``trees`` runs the selected tests from each tree's ``tests/`` folder with that tree's venv,
-plus every test file the series adds or changes, then the standalone tests of those files one pytest process each
+``make test-upstream`` (``prepare``, then ``trees``): Lightning's ``master`` snapshot, unpacked by ``prepare`` as three
+git repositories (the snapshot's commit tagged ``snapshot``): ``master`` as it is, ``master-base`` with the open
+upstream pull requests the series is stacked on (its ``base`` file: #21666, #21665; one commit each, tagged ``base``),
+and ``master-patched`` with those and the pull requests of patches/lightning-master/ applied by ``git am``. The first
+and the last are installed editable in a venv each, neither with ddp_sigterm (``trees`` checks it); ``master-base`` is
+the floor of make bench-master. ``trees`` runs the selected tests from each tree's ``tests/`` folder with that tree's
+venv, plus every test file the series adds or changes, then the standalone tests of those files one pytest process each
 (``PL_RUN_STANDALONE_TESTS=1``, as Lightning's CI runs them), and fails on: a run that did not finish, a test that
-passed (or was skipped) unpatched and fails or errors patched, a new test that fails, a test that disappears (unless
-the series or its base deleted its file); differences the series does not fix yet can be listed in PENDING, with the
-reason. Tests failing in both trees are notes (this machine's environment). ``standalone`` runs the standalone tests
-of some files with one Python (make test-patched).
+passed (or was skipped) unpatched and fails or errors patched, a new test that fails, a test that disappears (unless the
+series or its base deleted its file); differences the series does not fix yet can be listed in PENDING, with the reason.
+Tests failing in both trees are notes (this machine's environment).
 
     python tools/upstream_suite.py prepare --archive $LIGHTNING_SOURCES/lightning-master-7f0c3436cd.tar.gz \\
         --series patches/lightning-master --open-prs $LIGHTNING_SOURCES/open-prs --into build/upstream
@@ -516,17 +515,6 @@ def parametrized(test_id: str, outcomes: dict[str, str]) -> dict[str, str]:
     return {case: outcome for case, outcome in outcomes.items() if case.startswith(test_id + "[")}
 
 
-def standalone(args: argparse.Namespace) -> int:
-    """make test-patched: the standalone tests of ``files`` with ``--python``, each in a process of its own; fails on
-    any that does not pass, or when there is none."""
-    args.out.mkdir(parents=True, exist_ok=True)
-    outcomes = run_standalone("standalone", args.tests.resolve(), args.files, args.out.resolve(),
-                              str(Path(args.python).absolute()))
-    counts = ", ".join(f"{list(outcomes.values()).count(o)} {o}" for o in ("passed", "failed", "skipped"))
-    print(f"standalone tests of {' '.join(args.files)}: {len(outcomes)}: {counts}")
-    return 1 if not outcomes or "failed" in outcomes.values() else 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -549,12 +537,6 @@ def main() -> int:
     compare.add_argument("--out", type=Path, default=Path("build/upstream/results"), help="logs and junit reports")
     compare.add_argument("files", nargs="+", help="test files, folders or node ids, relative to the trees' tests/")
     compare.set_defaults(main=compare_trees)
-    alone = commands.add_parser("standalone", help="make test-patched: standalone tests, one process each")
-    alone.add_argument("--python", required=True, help="the Python of the Lightning under test")
-    alone.add_argument("--tests", type=Path, required=True, help="Lightning's tests/ folder")
-    alone.add_argument("--out", type=Path, default=Path("build/standalone"), help="one log per test")
-    alone.add_argument("files", nargs="+", help="test files, relative to --tests")
-    alone.set_defaults(main=standalone)
     argv = sys.argv[1:]
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["package", *argv]  # the first form of this script: make test-lightning's comparison
