@@ -6,7 +6,7 @@
 #   lightning-2.6.5-tests.tar.gz        tag 2.6.5 ($RELEASE_COMMIT): tests/, requirements/, pyproject.toml, top folder
 #                                       lightning-2.6.5/ (the release's sdist has no tests)
 #   open-prs/pr<N>.diff                 `git diff <merge-base with master> <head>` of the open pull requests the patch
-#                                       series is stacked on or compared with, at their heads of 2026-07-23
+#                                       series is stacked on or checked against, at their heads of 2026-07-23 and -24
 # The archives are `git archive` output (gzip -n), so the same commit gives the same files.
 #
 #   bash tools/fetch_upstream.sh DEST      (make fetch-upstream: DEST is $(LIGHTNING_SOURCES))
@@ -32,7 +32,7 @@ RELEASE=2.6.5
 RELEASE_COMMIT=be98784a1a03581b7051a355ae1084fd352d7cea
 RELEASE_PATHS=(pyproject.toml requirements tests)
 # pull request number:its head commit (the diff is of that commit, wherever the pull request has moved since)
-PULLS=(21666:b4794f794b22 21407:7ed9ea79cbbf 21640:4aa8af723d71 21665:8b24b0b2dc1b)
+PULLS=(21666:b4794f794b22 21407:7ed9ea79cbbf 21640:4aa8af723d71 21665:8b24b0b2dc1b 21751:f418848686 21772:2cccb8b963)
 
 MASTER_ARCHIVE=$DEST/lightning-master-${MASTER:0:10}.tar.gz
 RELEASE_ARCHIVE=$DEST/lightning-$RELEASE-tests.tar.gz
