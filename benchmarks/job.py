@@ -8,7 +8,7 @@ turns (rotated every round, the same schedule on every rank since it follows the
 * ``nocheck``: no SIGTERM check at all (Lightning's per-step broadcast switched off too);
 * ``stock``: the per-step broadcast from rank 0 of #20825, as released in 2.6.6 (and on Lightning's master);
 * ``package``: ddp_sigterm with its defaults;
-* ``patched``: the patched Lightning's check at the end of every batch (in the patched environment).
+* ``patched``: the patched Lightning's vote at the end of every batch (in the patched environment).
 
 Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
 (it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
@@ -34,7 +34,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loops import training_epoch_loop
+from lightning.pytorch.loops import utilities as loop_utilities
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -85,12 +85,10 @@ class Modes(Callback):
         if self.package is not None:
             package_hook = self.package.on_train_batch_end
             self.package.on_train_batch_end = lambda *a: package_hook(*a) if self.mode == "package" else None
-        self.patched = getattr(training_epoch_loop, "_any_rank_received_sigterm", None)
-        if self.patched is not None:  # the patched Lightning's training loop asks it at the end of every batch
-            agree = self.patched
-            training_epoch_loop._any_rank_received_sigterm = lambda trainer, leaving_loop=False: (
-                agree(trainer, leaving_loop) if self.mode == "patched" else trainer.received_sigterm
-            )
+        vote = getattr(loop_utilities, "_SIGTERMVote", None)
+        if vote is not None:  # the patched Lightning's training loop polls it at the end of every batch
+            poll = vote.poll
+            vote.poll = lambda sigterm: poll(sigterm) if self.mode == "patched" else sigterm.trainer.received_sigterm
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step
