@@ -65,7 +65,7 @@ SERIES_MASTER ?= patches/lightning-master
 UPSTREAM := build/upstream
 VENV_UPSTREAM := .venv-upstream
 VENV_UPSTREAM_PATCHED := .venv-upstream-patched
-# master + the series' base alone (#21666): the floor of make bench-master; not needed by make test-upstream
+# master + the series' base alone (#21666, #21665): the floor of make bench-master; not needed by make test-upstream
 VENV_UPSTREAM_BASE := .venv-upstream-base
 # Master's tests of the code the series touches, run in each tree: whole folders where they are cheap and files where
 # they are not: connectors/ (most of its time is test_data_connector's persistent-workers warning test, kept:
@@ -269,8 +269,9 @@ bench-grace: $(VENV)/.installed
 	$(VENV)/bin/python benchmarks/grace.py --s3
 
 # The pull requests' cost table (PR 1's DESCRIPTION.md, docs/upstream.md): its attached benchmark.py on Lightning's
-# master as it is (#20825's broadcast), on master + #21666 (no check: the floor) and with the series, at 1, 10 and
-# 100 ms steps on 2 and 4 ranks, in make test-upstream's trees. REPS=... runs per cell (default 3).
+# master as it is (#20825's broadcast), on master + the series' base (no check: the floor) and with the series, at 1,
+# 10 and 100 ms steps on 2 and 4 ranks, training only and validating every 10 steps, in make test-upstream's trees.
+# REPS=... runs per cell (default 3).
 bench-master: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_BASE)/.installed \
 		$(VENV_UPSTREAM_PATCHED)/.installed
 	$(PYTHON) benchmarks/master.py $(if $(REPS),--reps $(REPS))
