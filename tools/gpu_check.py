@@ -43,6 +43,7 @@ def vote() -> None:
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
     strategy = SimpleNamespace(root_device=torch.device("cuda:0"))
     trainer = SimpleNamespace(world_size=2, received_sigterm=False, strategy=strategy)
+    _SIGTERMVote._PERIOD_US = 0  # a vote at every step, as with steps slower than the period: exact step counts
     sigterm = _SIGTERMVote(trainer)
     x = torch.randn(8192, 8192, device="cuda")
     step_done = torch.cuda.Event()
