@@ -240,7 +240,7 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
               "|---|---|---|---|---|---|"]
     for ranks, by_step in costs.items():
         for step_ms in sorted(by_step):
-            for name in ("package",):  # the patched build has no heartbeat: it agrees at the end of every batch
+            for name in ("package",):  # the patched build has no heartbeat: it votes at batch ends
                 hb = by_step[step_ms].get(name, {}).get("heartbeat")
                 if hb:
                     lines.append(f"| {ranks} | {step_ms:g} ms | {LABELS[name]} | {hb['cpu_s'] * 1000:.1f} ms | "

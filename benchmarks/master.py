@@ -5,8 +5,8 @@ three of make test-upstream's trees, each with its venv: Lightning's master as i
 batch), master with the series' base alone (#21666 and #21665: no check, the floor; its two halves run the same code,
 so its figure is the noise of the method) and master with the base and the pull requests. Every cell of the table
 (step time x ranks x training only or a validation of 5 batches every 10 steps) runs each tree REPS times, the trees
-taking turns; a cell shows the median per-step cost of the check, in percent of a step without it, measured inside
-each job, and the range over the jobs.
+taking turns; a cell shows the median over the jobs of the per-step cost of the check (each job's mean step with it
+against its mean step without it, in percent), and the range over the jobs.
 
     python benchmarks/master.py [--reps 3] [--step-ms 1 10 100] [--ranks 2 4] [--validate-every 0 10]
 """
