@@ -71,10 +71,9 @@ class Interleave(pl.Callback):
             loop._broadcast_sigterm_tensor = lambda: broadcast() if self.checking else None
         elif hasattr(utilities, "_SIGTERMVote"):  # this pull request: every rank turns it on and off at the same step
             vote = utilities._SIGTERMVote
-            poll, poll_now, leave = vote.poll, vote.poll_now, vote.leave
+            poll, leave = vote.poll, vote.leave
             vote.poll = lambda s: poll(s) if self.checking else s.trainer.received_sigterm
-            vote.poll_now = lambda s: poll_now(s) if self.checking else s.trainer.received_sigterm
-            vote.leave = lambda s: leave(s) if self.checking else False
+            vote.leave = lambda s: leave(s) if self.checking else (int(s.trainer.received_sigterm), 0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.checking = (trainer.global_step // self.block) % 2 == 0
