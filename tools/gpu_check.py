@@ -63,6 +63,10 @@ def vote() -> None:
             if stops[-1]:
                 break
         left = sigterm.leave()  # as at the epoch end: a blocking vote, under the same sync check
+        trainer.received_sigterm, leaving = False, _SIGTERMVote(trainer)  # an evaluation run without a signal
+        last = [leaving.poll(), leaving.poll(), leaving.poll(last=True)]  # its last batch starts the vote that leaves
+        x = torch.tanh(x @ x / 8192)  # the last batch's GPU work
+        last.append(leaving.leave())
     except RuntimeError as error:  # sync_debug_mode("error") raises a RuntimeError naming the synchronizing call
         errors.append(str(error).splitlines()[0])
     finally:
@@ -76,6 +80,8 @@ def vote() -> None:
           f"the step's GPU work was still running when the check returned in {running_after_check} of {len(stops)} "
           f"steps; check {min(check_ms):.2f}-{max(check_ms):.2f} ms on the host")
     check("vote: leave() on CUDA", left == (1, 0), f"leave()={left}: (ranks that received SIGTERM, ranks in the loop)")
+    check("vote: leaving an evaluation loop", last == [False, False, False, (0, 0)],
+          f"poll(), poll(), poll(last=True), leave(): {last}")
     dist.destroy_process_group()
 
 

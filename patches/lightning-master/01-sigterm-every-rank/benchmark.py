@@ -72,7 +72,7 @@ class Interleave(pl.Callback):
         elif hasattr(utilities, "_SIGTERMVote"):  # this pull request: every rank turns it on and off at the same step
             vote = utilities._SIGTERMVote
             poll, leave = vote.poll, vote.leave
-            vote.poll = lambda s: poll(s) if self.checking else s.trainer.received_sigterm
+            vote.poll = lambda s, last=False: poll(s, last) if self.checking else s.trainer.received_sigterm
             vote.leave = lambda s: leave(s) if self.checking else (int(s.trainer.received_sigterm), 0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
