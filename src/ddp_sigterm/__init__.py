@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddp_sigterm._core.agreement import AgreementError
-from ddp_sigterm._core.coordinator import StopCoordinator, StopDecision
+from ddp_sigterm._core.coordinator import StopCoordinator
+from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.settings import Settings, SettingsError
 from ddp_sigterm._core.stop_save import StopError, save_in_unison
 

@@ -14,21 +14,11 @@ import torch
 import torch.distributed as dist
 
 from ddp_sigterm._core.process import release_cpu_group
+from ddp_sigterm._core.schedule import Vote
 
 
 class AgreementError(RuntimeError):
     """The agreement could not complete; the message names the rank and step."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Vote:
-    """What every rank gets back from :meth:`Agreement.decide`."""
-
-    signum: int  # the largest stop signal number any rank recorded, 0 if none
-    anyone_in_loop: bool
-    requeue: bool  # some rank recorded the job's requeue signal
-    boundary: int  # the most step boundaries any rank has passed (they differ after loops of uneven length)
-    signalled_rank: int | None = None  # the lowest rank (of the agreement's) that recorded a stop signal
 
 
 PAYLOAD_SIZE = len(dataclasses.fields(Vote))

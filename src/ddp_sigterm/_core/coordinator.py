@@ -20,7 +20,6 @@ Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import sys
 import threading
@@ -31,35 +30,16 @@ from types import FrameType
 
 import torch.distributed as dist
 
-from ddp_sigterm._core import exit_codes, log, process, torchelastic
+from ddp_sigterm._core import log, process, torchelastic
 from ddp_sigterm._core.agreement import Agreement
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.heartbeat import Heartbeat
+from ddp_sigterm._core.schedule import StopDecision, StopSchedule, Vote
 from ddp_sigterm._core.settings import Settings
 from ddp_sigterm._core.signals import SignalRecorder, default_action
 
 # Seconds close() waits, beyond one heartbeat period, for the heartbeat to end on a peer that is late.
 _CLOSE_SECONDS = 5.0
-
-
-@dataclasses.dataclass(frozen=True)
-class StopDecision:
-    """What every rank agreed on. ``received_at`` and ``decided_at`` are ``time.monotonic()`` values
-    of this process; ``received_at`` is None on a rank that was not signalled itself. ``signalled_rank``:
-    the lowest rank that recorded a stop signal."""
-
-    signum: int
-    step: int | None
-    boundary: int
-    decided_at: float
-    received_at: float | None
-    boundaries_since_signal: int | None
-    requeue: bool = False
-    signalled_rank: int | None = None
-
-    @property
-    def exit_code(self) -> int:
-        return exit_codes.stopped(self.signum)
 
 
 class StopCoordinator:
@@ -88,12 +68,7 @@ class StopCoordinator:
         self._agreement: Agreement | None = None
         self._heartbeat: Heartbeat | None = None
         self._deadline: Deadline | None = None
-        self._decision: StopDecision | None = None
-        self._boundary = 0  # step boundaries passed, counted the same way on every rank
-        self._signal_boundary: int | None = None  # the boundary at which this rank first saw its signal
-        self._requeue = False  # the last vote's
-        self._signalled_rank: int | None = None  # the last vote's
-        self._step: int | None = None  # the step of the last boundary, for messages
+        self._schedule = StopSchedule(alone=True)  # replaced at start() by the one of the agreement's ranks
         self._activity: str | None = None  # what this rank waits for, if not the next step boundary (see waiting_for)
         self._stepped_aside: str | None = None
 
@@ -125,6 +100,7 @@ class StopCoordinator:
                 self._agreement = Agreement(voting)
                 self._heartbeat = Heartbeat(beating, self.settings.max_delay, lambda: bool(self._recorder.signum))
                 self._heartbeat.start()
+            self._schedule = StopSchedule(alone=not self._agreement.distributed)
         if self._deadline is None and self._agreement.distributed:  # alone, no peer can keep a stop from ending
             self._deadline = Deadline(self.settings.stop_deadline, self._recorder.signals,
                                       f"rank {self.rank} of {self.world_size}", self._waiting_for_now)
@@ -169,7 +145,7 @@ class StopCoordinator:
         is in place until its teardown, keeps such a signal too."""
         failing = sys.exc_info()[1] is not None
         self._recorder.restore()
-        stopped, rank = self._decision is not None, self.rank
+        stopped, rank = self.decision is not None, self.rank
         if stopped and self.world_size > 1:
             process.leave(self.ignored_after_stop, destroy_default_group=self.settings.destroy_at_exit)
         if self._deadline is not None:
@@ -220,9 +196,9 @@ class StopCoordinator:
         """What this rank waits for, named by the stop deadline if it runs out (read from its thread)."""
         if self._activity is not None:
             return self._activity
-        if self._boundary == 0:
+        if self._schedule.boundary == 0:
             return "the first step boundary"
-        return f"the next step boundary after {self._where(self._step)} (a step, or a collective inside it)"
+        return f"the next step boundary after {self._where(self._schedule.step)} (a step, or a collective inside it)"
 
     @contextlib.contextmanager
     def waiting_for(self, what: str) -> Iterator[None]:
@@ -256,88 +232,74 @@ class StopCoordinator:
     @property
     def decision(self) -> StopDecision | None:
         """The agreed stop's decision, None until a stop is agreed."""
-        return self._decision
+        return self._schedule.decision
 
     def should_stop(self, step: int | None = None) -> bool:
         """Call at every step boundary on every rank. Returns True on every rank at the same boundary.
 
-        It counts the boundary; with peers, it runs the agreement only at the boundary the heartbeat
+        It counts the boundary; with peers, it runs the agreement only from the boundary the heartbeat
         names after a signal (:mod:`ddp_sigterm._core.heartbeat`); alone, it decides on its own signal.
         ``step`` is used in the decision and in messages. Once True, it stays True."""
-        if self._decision is not None:
+        if self.decision is not None:
             return True
         if not self.acting:
             return False
-        self._boundary += 1
-        self._step = step
-        if self._recorder.signum and self._signal_boundary is None:
-            self._signal_boundary = self._boundary
-        if self._heartbeat is None:
-            return self._decide(self._recorder.signum, step, time.monotonic()) if self._recorder.signum else False
-        requested = self._heartbeat.passing(self._boundary)
-        if requested is None or self._boundary < requested:
-            return False
-        return self.decide_now(step)
+        signalled = bool(self._recorder.signum)
+        boundary = self._schedule.passing(step, signalled)
+        requested = self._heartbeat.passing(boundary) if self._heartbeat is not None else None
+        return self._schedule.agrees_here(requested, signalled) and self.decide_now(step)
 
     def decide_now(self, step: int | None = None) -> bool:
         """Run the agreement now. Every rank must call it at the same point, for instance once at the end
         of a run so that a signal after the last step boundary is not lost."""
-        if self._decision is not None:
+        if self.decision is not None:
             return True
         if not self.acting:
             return False
-        signum, _ = self._agree(step, in_loop=True)
-        return self._decide(signum, step, time.monotonic()) if signum else False
+        return self._stopped(self._agree(step, in_loop=True))
 
     def should_stop_on_leaving(self, step: int | None = None) -> bool:
         """Call on every rank as it leaves a loop whose number of steps may differ between ranks
         (evaluation; prediction shards its data without padding). Keeps taking part in the
         agreements of the ranks still in the loop until every rank has left it, then returns the
         same answer on every rank."""
-        if self._decision is not None:
+        if self.decision is not None:
             return True
         if not self.acting:
             return False
-        while True:
-            signum, anyone_in_loop = self._agree(step, in_loop=False)
-            if signum or not anyone_in_loop:
-                break
-        return self._decide(signum, step, time.monotonic()) if signum else False
+        vote = self._agree(step, in_loop=False)
+        while StopSchedule.leaving_again(vote):
+            vote = self._agree(step, in_loop=False)
+        return self._stopped(vote)
 
     def _where(self, step: int | None) -> str:
-        return f"step {step} (boundary {self._boundary})" if step is not None else f"boundary {self._boundary}"
+        boundary = self._schedule.boundary
+        return f"step {step} (boundary {boundary})" if step is not None else f"boundary {boundary}"
 
     def _started(self) -> Agreement:
         if self._agreement is None:
             raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
         return self._agreement
 
-    def _agree(self, step: int | None, in_loop: bool) -> tuple[int, bool]:
+    def _agree(self, step: int | None, in_loop: bool) -> Vote:
         agreement = self._started()
         where = self._where(step)
         with self.waiting_for(f"the stop agreement at {where}, which needs all {self.world_size} ranks"):
-            vote = agreement.decide(self._recorder.signum, where, in_loop, self._requeue_received(), self._boundary)
-        if self._signal_boundary is not None:  # boundaries since the signal: count the re-sync's jump too
-            self._signal_boundary += vote.boundary - self._boundary
-        self._boundary = vote.boundary
-        self._requeue = vote.requeue
-        self._signalled_rank = vote.signalled_rank
-        return vote.signum, vote.anyone_in_loop
+            return agreement.decide(self._recorder.signum, where, in_loop, self._requeue_received(),
+                                    self._schedule.boundary)
 
-    def _decide(self, signum: int, step: int | None, now: float) -> bool:
-        since = None if self._signal_boundary is None else self._boundary - self._signal_boundary
-        # with peers, the vote's answer (the same everywhere); alone, this process's
-        alone = self.world_size == 1
-        requeue = self._requeue_received() if alone else self._requeue
-        signalled_rank = self.rank if alone else self._signalled_rank
-        self._decision = StopDecision(signum, step, self._boundary, now, self._recorder.received_at, since, requeue,
-                                      signalled_rank)
-        self._activity = f"the process to exit after the stop agreed at {self._where(step)}"
+    def _stopped(self, vote: Vote) -> bool:
+        """Give the vote to the schedule; if it decided a stop: arm the deadline, log, run the actions."""
+        now = time.monotonic()
+        decision = self._schedule.voted(vote, now, self._recorder.received_at)
+        if decision is None:
+            return False
+        self._activity = f"the process to exit after the stop agreed at {self._where(decision.step)}"
         if self._deadline is not None:
             self._deadline.arm(now, "the agreed stop")
-        self._log_decision(self._decision)
+        self._log_decision(decision)
         for action in self._on_decided:
-            action(self._decision)
+            action(decision)
         return True
 
     def _log_decision(self, decision: StopDecision) -> None:
@@ -368,9 +330,9 @@ class StopCoordinator:
     @property
     def agreed(self) -> StopDecision:
         """The agreed stop's decision; RuntimeError if no stop was agreed."""
-        if self._decision is None:
+        if self.decision is None:
             raise RuntimeError("ddp_sigterm: no stop was agreed")
-        return self._decision
+        return self.decision
 
     @property
     def exit_code(self) -> int:

@@ -5,13 +5,12 @@ Between stops the main thread only counts step boundaries. Ranks reading their o
 disagree on where to stop, so a thread on every rank runs a small all-reduce every ``period`` seconds
 (``max_delay / 2``) on a gloo group of its own, never waiting for the main thread, carrying ``[a stop
 signal was recorded here, this rank's step boundary, closing]``. When one carries a signal, every rank
-gets the same largest boundary ``B`` and the agreement runs at boundary ``B + 1`` on every rank.
+gets the same largest boundary ``B`` and the agreement runs at boundary ``B + 1`` on every rank; why no
+rank is past it then is :class:`ddp_sigterm._core.schedule.HeartbeatBook`'s docstring, and the
+bookkeeping is that class's. This module is the thread and its collective.
 
-Why every rank learns in time: a rank that reported boundary ``b`` reads the result before it passes
-boundary ``b + 1 <= B + 1`` (it waits there if the result has not arrived; at steps longer than the
-all-reduce it has). The agreement at ``B + 1`` then sees the signal. So a stop is agreed at most
-``period`` plus one step (and the all-reduce) after the first signal: within ``max(max_delay, 2 steps)``.
-The heartbeat never decides a stop itself.
+So a stop is agreed at most ``period`` plus one step (and the all-reduce) after the first signal:
+within ``max(max_delay, 2 steps)``. The heartbeat never decides a stop itself.
 """
 
 from __future__ import annotations
@@ -23,9 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ddp_sigterm._core.process import release_cpu_group
-
-LEAD = 1
-"""Boundaries between the one a rank reports and the one by which it must have read the result."""
+from ddp_sigterm._core.schedule import HeartbeatBook
 
 
 class Heartbeat:
@@ -37,10 +34,8 @@ class Heartbeat:
         self._group = group
         self._signalled = signalled
         self._lock = threading.Lock()  # orders the thread's report against the main thread's boundaries
-        self._boundary = 0  # the main thread's, as of its last passing()
-        self._read_by: int | None = None  # the boundary this rank must not pass before the pending result is in
+        self._book = HeartbeatBook()
         self._arrived = threading.Event()
-        self._requested: int | None = None  # where a heartbeat that carried a signal asked for an agreement
         self._closing = False
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,11 +48,11 @@ class Heartbeat:
         """The main thread passes ``boundary``. Returns the boundary at which a heartbeat asked for an
         agreement (the same on every rank), or None. May wait for a heartbeat result (see module)."""
         with self._lock:
-            self._boundary = boundary
-            must_read = self._read_by is not None and boundary >= self._read_by
+            must_read = self._book.passing(boundary)
         if must_read:
             self._arrived.wait()
-        return self._requested
+        with self._lock:
+            return self._book.requested
 
     def close(self, timeout: float) -> None:
         """End the heartbeat on every rank: the next one carries "closing", and every rank's thread ends
@@ -78,8 +73,7 @@ class Heartbeat:
         report = torch.zeros(3, dtype=torch.int64)
         while True:
             with self._lock:
-                reported = self._boundary
-                self._read_by = reported + LEAD
+                reported = self._book.report()
                 self._arrived.clear()
             report[0], report[1], report[2] = int(self._signalled()), reported, int(self._closing)
             try:
@@ -88,10 +82,7 @@ class Heartbeat:
                 report.zero_()
                 report[2] = 1
             with self._lock:
-                if report[0]:
-                    requested = int(report[1]) + LEAD
-                    self._requested = requested if self._requested is None else min(self._requested, requested)
-                self._read_by = None
+                self._book.heard(bool(report[0]), int(report[1]))
                 self._arrived.set()
             if report[2]:
                 return
