@@ -36,7 +36,7 @@ from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.heartbeat import Heartbeat
 from ddp_sigterm._core.schedule import StopDecision, StopSchedule, Vote
 from ddp_sigterm._core.settings import Settings
-from ddp_sigterm._core.signals import SignalRecorder, default_action
+from ddp_sigterm._core.signals import SignalRecorder, default_action, stop_signals
 
 # Seconds close() waits, beyond one heartbeat period, for the heartbeat to end on a peer that is late.
 _CLOSE_SECONDS = 5.0
@@ -46,7 +46,8 @@ class StopCoordinator:
     """Records stop signals and agrees, across ranks, at which step boundary everyone stops."""
 
     def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None,
-                 distributed: bool = True, on_decided: Sequence[Callable[[StopDecision], None]] = ()) -> None:
+                 distributed: bool = True, on_decided: Sequence[Callable[[StopDecision], None]] = (),
+                 routed_signals: tuple[int, ...] = ()) -> None:
         """``requeue_signal``: a signal that also asks for the job to be requeued (SLURM's, when the
         job requeues itself); it stops like the others and sets ``decision.requeue`` on every rank.
 
@@ -56,11 +57,14 @@ class StopCoordinator:
 
         ``on_decided``: called in order with the decision as soon as a stop is agreed, on every rank,
         before ``should_stop`` returns True (an integration's part of the stop, such as retiring
-        Lightning's launcher watch); an exception propagates."""
+        Lightning's launcher watch); an exception propagates.
+
+        ``routed_signals``: signals a framework hands :meth:`record` itself (Lightning's connector routes
+        SIGTERM whatever the settings say): they stop the run too, and the coordinator installs no
+        handler for them."""
         self.settings = settings if settings is not None else Settings.resolve()
-        signals = self.settings.signal_numbers
-        if requeue_signal is not None and requeue_signal not in signals:
-            signals += (requeue_signal,)
+        signals = stop_signals(self.settings.signal_numbers, requeue_signal, routed_signals)
+        self._routed = tuple(routed_signals)
         self._requeue_signal = requeue_signal
         self._distributed = distributed
         self._on_decided = tuple(on_decided)
@@ -172,14 +176,14 @@ class StopCoordinator:
         frameworks that register and chain handlers themselves, such as Lightning's signal connector."""
         self._recorder.record(signum, frame)
 
-    def install_handlers(self, signals: tuple[int, ...]) -> None:
-        """Record ``signals`` too (some of this coordinator's), chaining to the handlers in place;
-        :meth:`close` restores them. Main thread."""
-        self._recorder.install(signals)
+    def install_handlers(self) -> None:
+        """Record the stop signals the framework does not route to :meth:`record`, chaining to the handlers
+        in place; :meth:`close` restores them. Main thread."""
+        self._recorder.install(tuple(s for s in self._recorder.signals if s not in self._routed))
 
     @property
     def signals(self) -> tuple[int, ...]:
-        """The signal numbers that stop the run (the settings' and the requeue signal)."""
+        """The signal numbers that stop the run (:func:`ddp_sigterm._core.signals.stop_signals`)."""
         return self._recorder.signals
 
     @property

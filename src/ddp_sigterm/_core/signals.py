@@ -23,6 +23,14 @@ from ddp_sigterm._core import process
 Handler = Callable[[int, "FrameType | None"], Any] | int | None
 
 
+def stop_signals(configured: tuple[int, ...], requeue: int | None = None,
+                 routed: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The one set of signals that stop a run, each once: the configured ones (``Settings.signals``), the
+    job's requeue signal, and those a framework hands the recorder itself (Lightning's connector: SIGTERM).
+    The recorder, the deadline, the ignore after a stop and the exit code all read this set."""
+    return tuple(dict.fromkeys((*configured, *(() if requeue is None else (requeue,)), *routed)))
+
+
 def default_action(handler: Handler) -> bool:
     """Whether ``handler`` is the signal's default action, including the one Python implements as a
     function (SIGINT's ``default_int_handler`` raises KeyboardInterrupt)."""

@@ -133,6 +133,11 @@ def requeue_signal(trainer: Any, slurm_environment: type[Any]) -> int | None:
     return None
 
 
+def routed_signals(requeue: int | None) -> tuple[int, ...]:
+    """The signals :func:`take_signal_handlers` hands the recorder: SIGTERM, and SLURM's requeue signal."""
+    return (signal.SIGTERM,) + (() if requeue is None else (requeue,))
+
+
 def take_signal_handlers(trainer: Any, record: Handler, distribution: str) -> None:
     """Route the Trainer's SIGTERM and SLURM requeue signal to ``record``; Lightning still registers,
     chains and restores the handlers. Switch off rank 0's per-batch broadcast (2.5.2+)."""

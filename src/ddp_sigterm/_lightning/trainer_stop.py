@@ -42,6 +42,7 @@ from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._core.settings import Settings
+from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
 from ddp_sigterm._lightning import internals, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
@@ -90,7 +91,8 @@ class TrainerStop(Integration):
         # The agreement's ranks are the Trainer's: a one-process Trainer (a one-device test after a
         # multi-device fit, in the same process) agrees with no one, whatever the default group holds.
         coordinator = StopCoordinator(self.settings, requeue_signal=requeue, distributed=trainer.world_size > 1,
-                                      on_decided=[internals.retire_child_watch])
+                                      on_decided=[internals.retire_child_watch],
+                                      routed_signals=internals.routed_signals(requeue))
         # SIGTERM and SLURM's requeue signal go through Lightning's connector (it chains and
         # restores); other signals are installed by the recorder once the connector has
         # registered, in _on_stage_start.
@@ -121,10 +123,7 @@ class TrainerStop(Integration):
 
     def _on_stage_start(self) -> None:
         if self._coordinator is not None:
-            by_lightning = {signal.SIGTERM, self._coordinator.requeue_signal}
-            extra = tuple(s for s in self._coordinator.signals if s not in by_lightning)
-            if extra:
-                self._coordinator.install_handlers(extra)
+            self._coordinator.install_handlers()
 
     def _close(self) -> None:
         coordinator, trainer = self._coordinator, self._trainer
@@ -148,7 +147,9 @@ class TrainerStop(Integration):
         learns that a rank ended with a stop's exit code: after Lightning's own exception handling and
         teardown, it ends with the same code, as the ranks did, instead of torch's traceback and 1."""
         code = exception.exit_code
-        stops = {exit_codes.stopped(signum) for signum in self.settings.signal_numbers}
+        requeue = internals.requeue_signal(trainer, self.lightning.slurm_environment)
+        signals = stop_signals(self.settings.signal_numbers, requeue, internals.routed_signals(requeue))
+        stops = {exit_codes.stopped(signum) for signum in signals}
         if code in stops:
             ending: BaseException = self.lightning.sigterm_exception(code)
         elif code in (exit_codes.STOP_FAILED, exit_codes.GAVE_UP):

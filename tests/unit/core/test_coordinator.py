@@ -112,3 +112,26 @@ def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() 
     thread.join(timeout=60)
     assert not thread.is_alive()
     assert failures == []
+
+
+def test_one_set_of_stop_signals_includes_what_a_framework_routes() -> None:
+    """Lightning's connector hands SIGTERM (and SLURM's requeue signal) to ``record`` whatever the settings
+    list: those stop the run too, so the deadline, the ignore after a stop and the exit code know them, and
+    the coordinator installs handlers only for the others."""
+    settings = Settings.resolve(environ={}, signals=("SIGUSR2",))
+    routed = (signal.SIGTERM, signal.SIGUSR1)
+    coordinator = StopCoordinator(settings, requeue_signal=signal.SIGUSR1, routed_signals=routed)
+    assert coordinator.signals == (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM)
+    before = {signum: signal.getsignal(signum) for signum in coordinator.signals}
+    coordinator.start(install_handlers=False)
+    try:
+        coordinator.install_handlers()
+        assert signal.getsignal(signal.SIGUSR2) != before[signal.SIGUSR2]
+        assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
+        assert signal.getsignal(signal.SIGUSR1) == before[signal.SIGUSR1]
+        coordinator.record(signal.SIGTERM)
+        assert coordinator.should_stop(0)
+        assert coordinator.exit_code == 128 + signal.SIGTERM
+    finally:
+        coordinator.close()
+    assert {signum: signal.getsignal(signum) for signum in coordinator.signals} == before

@@ -29,3 +29,12 @@ def test_recorder_records_chains_and_restores() -> None:
         assert seen == [signal.SIGUSR2] * 3
     finally:
         signal.signal(signal.SIGUSR2, previous)
+
+
+def test_stop_signals_are_one_ordered_set() -> None:
+    from ddp_sigterm._core.signals import stop_signals
+
+    term, usr1, usr2 = signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2
+    assert stop_signals((term,)) == (term,)
+    assert stop_signals((usr2, term), usr1, (term, usr1)) == (usr2, term, usr1)
+    assert stop_signals((usr2,), None, (term,)) == (usr2, term)
