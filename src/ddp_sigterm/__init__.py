@@ -22,6 +22,7 @@ from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.settings import Settings, SettingsError
 from ddp_sigterm._core.stop_save import StopError, save_in_unison
+from ddp_sigterm._lightning import settings as _trainer_settings  # noqa: F401  # its DDP_SIGTERM_* are known
 
 __version__ = "0.1.0"
 __all__ = ["AgreementError", "Settings", "SettingsError", "StopCoordinator", "StopDecision", "StopError", "UnisonStop",

@@ -13,8 +13,9 @@ import os
 import signal
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 ENV_PREFIX = "DDP_SIGTERM"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -45,9 +46,40 @@ def signal_number(name: str | int | signal.Signals) -> int:
         ) from None
 
 
+_SETTINGS: list[type[Any]] = []  # every settings dataclass read from DDP_SIGTERM_<FIELD> (see read_from_environment)
+
+
+def read_from_environment(cls: type[T]) -> type[T]:
+    """A class decorator: the dataclass's fields are read from ``DDP_SIGTERM_<FIELD>`` (:func:`resolve`), and
+    their variables are known to the check for misspelt ones. The core's :class:`Settings` is one; an
+    integration's own settings (the Trainer's) are another."""
+    _SETTINGS.append(cls)
+    return cls
+
+
+def resolve(cls: type[T], environ: Mapping[str, str] | None = None, **given: Any) -> T:
+    """Build ``cls`` from ``given`` (code) overridden by the environment; a bad value raises
+    :class:`SettingsError` naming the variable."""
+    environ = os.environ if environ is None else environ
+    values = dict(given)
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        var = _variable(field.name)
+        if var in environ:
+            values[field.name] = _parse(var, environ[var], field.type)
+    return cls(**values)
+
+
+def check_bools(settings: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(settings, name), bool):
+            raise SettingsError(f"{name} must be a bool, got {getattr(settings, name)!r}")
+
+
+@read_from_environment
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How the stop is detected and agreed. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
+    """How the stop is detected and agreed. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``.
+    The Trainer's own settings (its stop checkpoint, resuming) are ``ddp_sigterm._lightning.settings``'s."""
 
     enabled: bool = True
     """Master switch. ``DDP_SIGTERM=0`` (note: no suffix) turns the package off: stock behaviour."""
@@ -73,25 +105,6 @@ class Settings:
     every rank: the run goes on as it would without it. Gloo waits for its peers in turn, so a rank
     that nobody reaches gives up after a few times this (5 times with 4 ranks, measured). A run whose
     groups connect never waits for it."""
-
-    save_checkpoint: bool = True
-    """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit`` (Lightning integration)."""
-
-    checkpoint_dir: str = ""
-    """Where the Trainer's stop checkpoints go: a local directory or an fsspec URL (``s3://bucket/run``).
-    Empty (the default): the Trainer's ``default_root_dir``, where Lightning looks for ``ckpt_path="hpc"``."""
-
-    keep_checkpoints: int = 0
-    """How many stop checkpoints (``hpc_ckpt_<N>.ckpt``) to keep in that directory: after a stop
-    checkpoint is saved, all but the newest ``keep_checkpoints`` are deleted. 0 (the default) keeps all."""
-
-    resume: bool = False
-    """Resume ``fit`` from the newest stop checkpoint when it is started without ``ckpt_path``, on every
-    platform (Lightning does it by itself only under SLURM, and only from ``default_root_dir``; with a
-    ``checkpoint_dir``, the package does it there under SLURM too). Every rank resumes from global rank
-    0's choice. Off by default: a script run again in the same directory would otherwise no longer
-    start from scratch. Set ``DDP_SIGTERM_RESUME=1`` where a relaunch must resume (a Kubernetes Job,
-    torchrun's restarts)."""
 
     stop_deadline: float = 25.0
     """Seconds from the first stop signal (on a rank that was not signalled: from the agreed stop)
@@ -130,14 +143,7 @@ class Settings:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not isinstance(self.checkpoint_dir, str):
-            raise SettingsError(f"checkpoint_dir must be a directory or URL, got {self.checkpoint_dir!r}")
-        keep = self.keep_checkpoints
-        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
-            raise SettingsError(f"keep_checkpoints must be a whole number, 0 to keep all, got {keep!r}")
-        for name in ("save_checkpoint", "destroy_at_exit", "resume"):
-            if not isinstance(getattr(self, name), bool):
-                raise SettingsError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_bools(self, "destroy_at_exit")
         level = self.log_level.strip().upper() if isinstance(self.log_level, str) else self.log_level
         if not isinstance(logging.getLevelName(level), int):
             raise SettingsError(f"log_level must be a logging level such as INFO or WARNING, got {self.log_level!r}")
@@ -157,15 +163,10 @@ class Settings:
         a warning here: a process the package never acts on (a one-device Trainer) must not fail for
         it. Where it acts, :meth:`check_environment` makes it an error."""
         environ = os.environ if environ is None else environ
-        values = dict(given)
-        for field in dataclasses.fields(cls):
-            var = _variable(field.name)
-            if var in environ:
-                values[field.name] = _parse(var, environ[var], field.type)
         unknown = _unknown_variables(environ)
         if unknown:
             warnings.warn(unknown, stacklevel=2)
-        return cls(**values)
+        return resolve(cls, environ, **given)
 
     @staticmethod
     def check_environment(environ: Mapping[str, str] | None = None) -> None:
@@ -183,7 +184,7 @@ def _variable(field: str) -> str:
 
 def _unknown_variables(environ: Mapping[str, str]) -> str | None:
     """The message naming the unknown ``DDP_SIGTERM_*`` variables of ``environ``, None if there are none."""
-    known = {_variable(field.name) for field in dataclasses.fields(Settings)}
+    known = {_variable(field.name) for cls in _SETTINGS for field in dataclasses.fields(cls)}
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in known)
     if not unknown:
         return None

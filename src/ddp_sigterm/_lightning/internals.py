@@ -57,7 +57,7 @@ TRAINER = (
     Internal("_signal_connector.received_sigterm", "set at the agreed stop, as Lightning's handler would"),
     Internal("_checkpoint_connector.hpc_save_path", "the stop checkpoint's name, hpc_ckpt_<N>.ckpt"),
     Internal("_checkpoint_connector.dump_checkpoint", "the stop checkpoint's contents"),
-    Internal("_checkpoint_connector.resume_start", "a fit started without ckpt_path resumes (Settings.resume)"),
+    Internal("_checkpoint_connector.resume_start", "a fit started without ckpt_path resumes (TrainerSettings.resume)"),
     Internal("_teardown", "Lightning's last step for an exception: ddp_spawn's launching process exits after it"),
     Internal("fit_loop.epoch_loop._should_accumulate", "a stop waits for the optimizer step"),
     Internal("fit_loop.epoch_loop._broadcast_sigterm_tensor", "rank 0's per-batch broadcast, switched off", "2.5.2"),

@@ -2,7 +2,7 @@
 
 They keep Lightning's name, ``hpc_ckpt_<N>.ckpt`` (``N`` one more than the highest there), so that
 ``ckpt_path="hpc"`` and Lightning's own resume under SLURM find them in ``default_root_dir``. The
-directory may be any fsspec URL, as ``default_root_dir`` may (``Settings.checkpoint_dir``).
+directory may be any fsspec URL, as ``default_root_dir`` may (``TrainerSettings.checkpoint_dir``).
 """
 
 from __future__ import annotations

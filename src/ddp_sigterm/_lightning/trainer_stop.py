@@ -41,11 +41,14 @@ from ddp_sigterm import slurm
 from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.log import logger
-from ddp_sigterm._core.settings import Settings
+from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
 from ddp_sigterm._lightning import internals, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
+from ddp_sigterm._lightning.settings import TrainerSettings
+
+_TRAINER_FIELDS = {field.name for field in dataclasses.fields(TrainerSettings)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +73,9 @@ class TrainerStop(Integration):
     lightning: Lightning
 
     def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
+        own = {name: overrides.pop(name) for name in list(overrides) if name in _TRAINER_FIELDS}
         super().__init__(settings, **overrides)
+        self.trainer_settings = resolve(TrainerSettings, **own)
         self._coordinator: StopCoordinator | None = None
         self._trainer: Any | None = None
 
@@ -101,7 +106,7 @@ class TrainerStop(Integration):
             return
         self._coordinator, self._trainer = coordinator, trainer
         internals.take_signal_handlers(trainer, coordinator.record, self.lightning.distribution)
-        settings, under_slurm = self.settings, self.lightning.slurm_environment.detect()
+        settings, under_slurm = self.trainer_settings, self.lightning.slurm_environment.detect()
         if stage == "fit" and (settings.resume or (settings.checkpoint_dir and under_slurm)):
             internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, settings))
 
@@ -235,8 +240,9 @@ class TrainerStop(Integration):
         # SIG_IGN for the signals process.leave ignores, so a late signal cannot change the exit code.
         internals.mark_stopped(trainer, coordinator.ignored_after_stop)
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
-        if trainer.state.fn == "fit" and not trainer.sanity_checking and self.settings.save_checkpoint:
-            agreed += f"; checkpoint saved to {_save_stop_checkpoint(trainer, coordinator, step)}"
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
+            saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step)
+            agreed += f"; checkpoint saved to {saved}"
         if coordinator.requeue_signal is not None:  # SLURM, auto-requeue on
             requeued = _requeue(trainer, coordinator, coordinator.requeue_signal, step)
             agreed += f"; SLURM job {requeued}" if requeued else ""
@@ -257,12 +263,12 @@ def _same_world(world_size: int) -> bool:
     return False
 
 
-def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
+def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: TrainerSettings,
+                          step: int) -> str | None:
     """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt`` in the stop-checkpoint directory (see
     :func:`save_in_unison`: a save cut short never leaves a checkpoint that resuming would pick; a
     failure on any rank raises :class:`StopError` on every rank); then rank 0 deletes all but the newest
     ``keep_checkpoints``. Returns the path on rank 0."""
-    settings = coordinator.settings
     directory = _stop_checkpoint_dir(trainer, settings)
     path, dump = internals.hpc_checkpoint(trainer, directory)  # only rank 0's path is used: it renames
 
@@ -275,11 +281,11 @@ def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, step: int)
     return saved
 
 
-def _stop_checkpoint_dir(trainer: Any, settings: Settings) -> str:
+def _stop_checkpoint_dir(trainer: Any, settings: TrainerSettings) -> str:
     return settings.checkpoint_dir or str(trainer.default_root_dir)
 
 
-def _newest_stop_checkpoint(trainer: Any, settings: Settings) -> str | None:
+def _newest_stop_checkpoint(trainer: Any, settings: TrainerSettings) -> str | None:
     """Global rank 0's newest stop checkpoint, on every rank (a collective: every rank resumes from the
     same file, or every rank starts afresh)."""
     directory = _stop_checkpoint_dir(trainer, settings)

@@ -8,6 +8,8 @@ import math
 import pytest
 
 from ddp_sigterm import Settings, SettingsError
+from ddp_sigterm._core.settings import resolve
+from ddp_sigterm._lightning.settings import TrainerSettings
 
 
 def test_settings_defaults_and_environment_precedence() -> None:
@@ -24,10 +26,20 @@ def test_settings_defaults_and_environment_precedence() -> None:
     assert Settings.resolve(environ={"DDP_SIGTERM_STOP_DEADLINE": "inf"}).stop_deadline == math.inf
     assert Settings().log_level == "INFO"
     assert Settings.resolve(environ={"DDP_SIGTERM_LOG_LEVEL": " warning"}).log_level == "WARNING"
-    stored = Settings.resolve(environ={"DDP_SIGTERM_CHECKPOINT_DIR": "s3://bucket/run",
-                                       "DDP_SIGTERM_KEEP_CHECKPOINTS": "2", "DDP_SIGTERM_RESUME": "yes"})
+    trainer = {"DDP_SIGTERM_CHECKPOINT_DIR": "s3://bucket/run", "DDP_SIGTERM_KEEP_CHECKPOINTS": "2",
+               "DDP_SIGTERM_RESUME": "yes"}
+    stored = resolve(TrainerSettings, environ=trainer, keep_checkpoints=5)
     assert (stored.checkpoint_dir, stored.keep_checkpoints, stored.resume) == ("s3://bucket/run", 2, True)
-    assert (Settings().checkpoint_dir, Settings().keep_checkpoints, Settings().resume) == ("", 0, False)
+    default = TrainerSettings()
+    assert (default.checkpoint_dir, default.keep_checkpoints, default.resume, default.save_checkpoint) == \
+        ("", 0, False, True)
+    assert not hasattr(Settings(), "checkpoint_dir")  # the core's settings keep only what the core reads
+
+
+def test_the_trainers_variables_are_known_to_the_core() -> None:
+    """The Trainer's settings are the integration's, but their variables are no typo to the core's check."""
+    Settings.check_environment({"DDP_SIGTERM_RESUME": "1", "DDP_SIGTERM_CHECKPOINT_DIR": "/ckpt",
+                                "DDP_SIGTERM_KEEP_CHECKPOINTS": "2", "DDP_SIGTERM_SAVE_CHECKPOINT": "0"})
 
 
 @pytest.mark.parametrize(
@@ -41,15 +53,27 @@ def test_settings_defaults_and_environment_precedence() -> None:
         ({"DDP_SIGTERM_STOP_DEADLINE": "0"}, "stop_deadline must be a positive number of seconds or inf"),
         ({"DDP_SIGTERM_STOP_DEADLINE": "nan"}, "stop_deadline must be a positive number of seconds or inf"),
         ({"DDP_SIGTERM_DESTROY_AT_EXIT": "sometimes"}, "DDP_SIGTERM_DESTROY_AT_EXIT='sometimes': expected one of"),
-        ({"DDP_SIGTERM_KEEP_CHECKPOINTS": "two"}, "DDP_SIGTERM_KEEP_CHECKPOINTS='two': expected a whole number"),
-        ({"DDP_SIGTERM_KEEP_CHECKPOINTS": "-1"}, "keep_checkpoints must be a whole number, 0 to keep all, got -1"),
-        ({"DDP_SIGTERM_RESUME": "later"}, "DDP_SIGTERM_RESUME='later': expected one of"),
         ({"DDP_SIGTERM_LOG_LEVEL": "LOUD"}, "log_level must be a logging level such as INFO or WARNING, got 'LOUD'"),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(environ: dict[str, str], message: str) -> None:
     with pytest.raises(SettingsError) as error:
         Settings.resolve(environ=environ)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"DDP_SIGTERM_KEEP_CHECKPOINTS": "two"}, "DDP_SIGTERM_KEEP_CHECKPOINTS='two': expected a whole number"),
+        ({"DDP_SIGTERM_KEEP_CHECKPOINTS": "-1"}, "keep_checkpoints must be a whole number, 0 to keep all, got -1"),
+        ({"DDP_SIGTERM_RESUME": "later"}, "DDP_SIGTERM_RESUME='later': expected one of"),
+        ({"DDP_SIGTERM_SAVE_CHECKPOINT": "2"}, "DDP_SIGTERM_SAVE_CHECKPOINT='2': expected one of"),
+    ],
+)
+def test_bad_trainer_settings_fail_with_the_same_messages(environ: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError) as error:
+        resolve(TrainerSettings, environ=environ)
     assert message in str(error.value)
 
 

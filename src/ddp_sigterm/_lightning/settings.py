@@ -1,0 +1,42 @@
+"""The Trainer's own settings: its stop checkpoint and resuming. Read from ``DDP_SIGTERM_<FIELD>`` as the
+core's :class:`ddp_sigterm.Settings` is (the environment wins over code), validated the same way; the core
+never reads them. ``UnisonStop(checkpoint_dir=...)`` sets them in code."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ddp_sigterm._core.settings import SettingsError, check_bools, read_from_environment
+
+
+@read_from_environment
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """What the Trainer callback does around the stop. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
+
+    save_checkpoint: bool = True
+    """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit`` (Lightning integration)."""
+
+    checkpoint_dir: str = ""
+    """Where the Trainer's stop checkpoints go: a local directory or an fsspec URL (``s3://bucket/run``).
+    Empty (the default): the Trainer's ``default_root_dir``, where Lightning looks for ``ckpt_path="hpc"``."""
+
+    keep_checkpoints: int = 0
+    """How many stop checkpoints (``hpc_ckpt_<N>.ckpt``) to keep in that directory: after a stop
+    checkpoint is saved, all but the newest ``keep_checkpoints`` are deleted. 0 (the default) keeps all."""
+
+    resume: bool = False
+    """Resume ``fit`` from the newest stop checkpoint when it is started without ``ckpt_path``, on every
+    platform (Lightning does it by itself only under SLURM, and only from ``default_root_dir``; with a
+    ``checkpoint_dir``, the package does it there under SLURM too). Every rank resumes from global rank
+    0's choice. Off by default: a script run again in the same directory would otherwise no longer
+    start from scratch. Set ``DDP_SIGTERM_RESUME=1`` where a relaunch must resume (a Kubernetes Job,
+    torchrun's restarts)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.checkpoint_dir, str):
+            raise SettingsError(f"checkpoint_dir must be a directory or URL, got {self.checkpoint_dir!r}")
+        keep = self.keep_checkpoints
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+            raise SettingsError(f"keep_checkpoints must be a whole number, 0 to keep all, got {keep!r}")
+        check_bools(self, "save_checkpoint", "resume")
