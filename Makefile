@@ -125,6 +125,7 @@ $(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIE
 	rm -rf $(VENV_PATCHED)
 	$(PYTHON) -m venv $(VENV_PATCHED)
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
+	[ -d $(OPEN_PRS) ] || bash tools/fetch_upstream.sh $(LIGHTNING_SOURCES)  # the open PRs the series is stacked on
 	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh $(VENV_PATCHED)/bin/python
 	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt $(PATCHED_WHEEL)

@@ -36,7 +36,7 @@ apply_series() {
   if [ -f "$SERIES/base" ]; then
     grep -v '^#' "$SERIES/base" | while read -r name; do
       [ -n "$name" ] || continue
-      [ -f "$OPEN_PRS/$name" ] || { echo "error: $SERIES/base names $name, not in $OPEN_PRS (set OPEN_PRS)" >&2; exit 1; }
+      [ -f "$OPEN_PRS/$name" ] || { echo "error: $SERIES/base names $name, not in $OPEN_PRS (make fetch-upstream builds it; or set OPEN_PRS=<folder>)" >&2; exit 1; }
       apply "$tree" "$(cd "$OPEN_PRS" && pwd)/$name" --exclude='*CHANGELOG.md' "$filter"
     done
   fi
