@@ -82,7 +82,9 @@ def measure_cost(step_ms: float, ranks: int, reps: int, longer: int = 1) -> dict
             steps = block * len(modes) * (rounds + 1)
             env = {"BENCH_KIND": "cost", "BENCH_STEP": str(step_ms / 1000), "BENCH_STEPS": str(steps),
                    "BENCH_BLOCK": str(block), "BENCH_MODES": ",".join(modes)}
-            _, results = run(Path(tempfile.mkdtemp(prefix="bench-")), python, "job.py", ranks, env)
+            job, results = run(Path(tempfile.mkdtemp(prefix="bench-")), python, "job.py", ranks, env)
+            if not all(r["durations"][m] for r in results.values() for m in modes):
+                raise SystemExit(f"benchmark job timed no step in a mode ({name}, {env}):\n{job.describe()}")
             # a job's time per step in a mode: the median over its steps, then over its ranks
             ms = {m: statistics.median(statistics.median(r["durations"][m]) for r in results.values()) * 1000
                   for m in modes}
