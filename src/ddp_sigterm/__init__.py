@@ -8,9 +8,10 @@ Lightning integrations need ``pip install ddp_sigterm[lightning]`` (or ``[pytorc
 is the one for the standalone ``pytorch_lightning``; :mod:`ddp_sigterm.fabric` serves Fabric loops and
 :mod:`ddp_sigterm.slurm` requeues a SLURM job.
 
-Layout: ``_core/`` is the framework-agnostic core (signals, agreement, heartbeat, deadline, process-wide effects,
-coordinator, checked save, log); ``_lightning/`` is what the Trainer and Fabric integrations share,
-with every private name of Lightning in ``_lightning/internals.py``.
+Layout: ``_core/`` is the framework-agnostic core (signals, schedule, agreement, heartbeat, deadline,
+process-wide effects, coordinator, checked save, log); ``_lightning/`` is what the Trainer and Fabric
+integrations share (and the Trainer's own settings), with every private name of Lightning in
+``_lightning/internals.py``.
 """
 
 from __future__ import annotations
