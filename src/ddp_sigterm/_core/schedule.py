@@ -96,8 +96,8 @@ class HeartbeatBook:
 
 class StopSchedule:
     """One rank's schedule. Contract: every rank passes the same step boundaries (loops of uneven length
-    end with :meth:`leaving` votes) and gets the same heartbeat results and votes; then every rank's
-    :meth:`voted` returns the same decision at the same boundary."""
+    end with leaving votes, repeated while :meth:`leaving_again` says so) and gets the same heartbeat
+    results and votes; then every rank's :meth:`voted` returns the same decision at the same boundary."""
 
     def __init__(self, alone: bool) -> None:
         self.alone = alone

@@ -88,21 +88,26 @@ class Job:
                     yield
                 if sched.agrees_here(rank.book.requested, rank.signalled):
                     vote = yield from self._agree(rank, sched, in_loop=True)
-                    if sched.voted(vote, 0.0, None) is not None:
-                        rank.decision, rank.where = sched.decision, (loop, index)
+                    if self._stopped(rank, sched, vote, (loop, index)):
                         return
                 yield
             if uneven:
                 vote = yield from self._agree(rank, sched, in_loop=False)
                 while StopSchedule.leaving_again(vote):
                     vote = yield from self._agree(rank, sched, in_loop=False)
-                if sched.voted(vote, 0.0, None) is not None:
-                    rank.decision, rank.where = sched.decision, (loop, -1)
+                if self._stopped(rank, sched, vote, (loop, -1)):
                     return
         vote = yield from self._agree(rank, sched, in_loop=True)  # decide_now at the end of the run
-        if sched.voted(vote, 0.0, None) is not None:
-            rank.decision, rank.where = sched.decision, ("end", -1)
-        assert sched.state in (State.COUNTING, State.REQUESTED, State.STOPPED)
+        self._stopped(rank, sched, vote, ("end", -1))
+
+    @staticmethod
+    def _stopped(rank: Rank, sched: StopSchedule, vote: Vote, where: tuple[str, int]) -> bool:
+        """Give the vote to the schedule; record where the rank stopped, if it did."""
+        rank.decision = sched.voted(vote, 0.0, None)
+        assert (sched.state is State.STOPPED) == (rank.decision is not None), sched.state
+        if rank.decision is not None:
+            rank.where = where
+        return rank.decision is not None
 
     def beat(self, rank: Rank) -> Iterator[None]:
         """What heartbeat.py's thread does on one rank, until the job's last main generator has ended."""
