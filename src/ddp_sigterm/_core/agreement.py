@@ -1,9 +1,10 @@
 """The agreement: the one collective that decides whether every rank stops here.
 
-It runs on a process group of its own (:func:`ddp_sigterm._core.process.cpu_groups`), on gloo over the
-CPU, so it never forces a GPU sync and never interleaves with the collectives of the training step, and
-it has its own timeout. It runs only where every rank asks at the same point: at the boundary the
-heartbeat names after a signal, when leaving a loop of uneven length, and once at the end of a run.
+It runs on a process group of its own, on gloo over the CPU (made and destroyed by the runtime,
+:class:`ddp_sigterm._core.runtime.Runtime`), so it never forces a GPU sync and never interleaves with
+the collectives of the training step, and it has its own timeout. It runs only where every rank asks at
+the same point: at the boundary the heartbeat names after a signal, when leaving a loop of uneven
+length, and once at the end of a run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ddp_sigterm._core.process import release_cpu_group
 from ddp_sigterm._core.schedule import Vote
 
 
@@ -78,10 +78,3 @@ class Agreement:
             raise AgreementError(
                 f"ddp_sigterm: rank {self.rank} of {self.world_size}: the stop agreement at {where} failed: {error}"
             ) from error
-
-    def close(self) -> None:
-        """Give the dedicated group back (:func:`ddp_sigterm._core.process.release_cpu_group`). Every rank
-        calls it at the same point; safe to call twice."""
-        if self.group is not None:
-            release_cpu_group(self.group)
-        self.group = None

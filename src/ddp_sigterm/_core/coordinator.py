@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -30,16 +28,14 @@ from types import FrameType
 
 import torch.distributed as dist
 
-from ddp_sigterm._core import log, process, torchelastic
+from ddp_sigterm._core import log, torchelastic
 from ddp_sigterm._core.agreement import Agreement
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.heartbeat import Heartbeat
+from ddp_sigterm._core.runtime import GroupUnavailable, Runtime
 from ddp_sigterm._core.schedule import StopDecision, StopSchedule, Vote
 from ddp_sigterm._core.settings import Settings
-from ddp_sigterm._core.signals import SignalRecorder, default_action, stop_signals
-
-# Seconds close() waits, beyond one heartbeat period, for the heartbeat to end on a peer that is late.
-_CLOSE_SECONDS = 5.0
+from ddp_sigterm._core.signals import SignalRecorder, stop_signals
 
 
 class StopCoordinator:
@@ -64,63 +60,56 @@ class StopCoordinator:
         handler for them."""
         self.settings = settings if settings is not None else Settings.resolve()
         signals = stop_signals(self.settings.signal_numbers, requeue_signal, routed_signals)
-        self._routed = tuple(routed_signals)
         self._requeue_signal = requeue_signal
         self._distributed = distributed
-        self._on_decided = tuple(on_decided)
         self._recorder = SignalRecorder(signals)
+        self._runtime = Runtime(self._recorder, routed_signals, on_stop=on_decided)
         self._agreement: Agreement | None = None
         self._heartbeat: Heartbeat | None = None
-        self._deadline: Deadline | None = None
         self._schedule = StopSchedule(alone=True)  # replaced at start() by the one of the agreement's ranks
         self._activity: str | None = None  # what this rank waits for, if not the next step boundary (see waiting_for)
         self._stepped_aside: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, install_handlers: bool = True) -> None:
-        """Create the agreement's and the heartbeat's groups (a collective: every rank, same point) and,
-        unless the framework composes signal handlers itself, install the recording handlers. With the
-        package switched off (``enabled=False``, ``DDP_SIGTERM=0``) it does neither: the coordinator never
-        stops. If the groups cannot be made within ``connect_timeout`` on every rank, it does neither
-        either, on every rank: it warns once and steps aside (``acting`` is False, ``stepped_aside`` says why)."""
-        if not self.settings.enabled:
+        """Create the agreement's and the heartbeat's groups (a collective: every rank, same point), start
+        the heartbeat and the stop deadline and, unless the framework composes signal handlers itself,
+        install the recording handlers (all of it by the runtime, :mod:`ddp_sigterm._core.runtime`). With
+        the package switched off (``enabled=False``, ``DDP_SIGTERM=0``) it does none of it: the
+        coordinator never stops. If the groups cannot be made within ``connect_timeout`` on every rank, it
+        does none of it either, on every rank: it warns once and steps aside (``acting`` is False,
+        ``stepped_aside`` says why). Safe to call twice."""
+        if not self.settings.enabled or self._agreement is not None:
             return
         log.activate(self.settings.log_level)
-        if self._agreement is None:
-            if not (self._distributed and dist.is_available() and dist.is_initialized()
-                    and dist.get_world_size() > 1):
-                self._agreement = Agreement()
-            else:
-                Settings.check_environment()  # a misspelt variable would leave a default in force
-                began = time.monotonic()
-                try:
-                    voting, beating = process.cpu_groups(2, self.settings.agreement_timeout,
-                                                         self.settings.connect_timeout)
-                except process.GroupUnavailable as error:
-                    self._step_aside(error)
-                    return
-                log.logger.debug("rank %d: the stop's gloo groups made in %.3f s", dist.get_rank(),
-                                 time.monotonic() - began)
-                self._agreement = Agreement(voting)
-                self._heartbeat = Heartbeat(beating, self.settings.max_delay, lambda: bool(self._recorder.signum))
-                self._heartbeat.start()
-            self._schedule = StopSchedule(alone=not self._agreement.distributed)
-        if self._deadline is None and self._agreement.distributed:  # alone, no peer can keep a stop from ending
-            self._deadline = Deadline(self.settings.stop_deadline, self._recorder.signals,
-                                      f"rank {self.rank} of {self.world_size}", self._waiting_for_now)
-            self._deadline.start()
+        deadline = None
+        if not (self._distributed and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            self._agreement = Agreement()  # alone, no peer can keep a stop from ending: no deadline
+        else:
+            Settings.check_environment()  # a misspelt variable would leave a default in force
+            began = time.monotonic()
+            try:
+                voting, beating = self._runtime.make_groups(2, self.settings.agreement_timeout,
+                                                            self.settings.connect_timeout)
+            except GroupUnavailable as error:
+                self._step_aside(error)
+                return
+            log.logger.debug("rank %d: the stop's gloo groups made in %.3f s", dist.get_rank(),
+                             time.monotonic() - began)
+            self._agreement = Agreement(voting)
+            self._heartbeat = Heartbeat(beating, self.settings.max_delay, lambda: bool(self._recorder.signum))
+            deadline = Deadline(self.settings.stop_deadline, self._recorder.signals,
+                                f"rank {self.rank} of {self.world_size}", self._waiting_for_now)
+        self._schedule = StopSchedule(alone=not self._agreement.distributed)
         hazard = torchelastic.restart_hazard() if self._agreement.distributed and self.rank == 0 else None
         if hazard is not None:
             warnings.warn(hazard, stacklevel=2)
-        if install_handlers:
-            self._recorder.install()
-        else:
-            self._recorder.activate()
+        self._runtime.start(install_handlers, self._heartbeat, deadline)
         peers = f"all {self.world_size} ranks" if self._agreement.distributed else "this process alone"
         log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
                          ", ".join(signal.Signals(s).name for s in self._recorder.signals), peers)
 
-    def _step_aside(self, error: process.GroupUnavailable) -> None:
+    def _step_aside(self, error: GroupUnavailable) -> None:
         """No group to agree on: this coordinator never stops, on any rank (they all got the same error),
         and the run goes on as it would without the package; global rank 0 says so, once."""
         self._stepped_aside = str(error)
@@ -136,10 +125,9 @@ class StopCoordinator:
         """Restore the signal handlers, end the heartbeat and the deadline's watch, destroy the groups:
         every rank calls it at the same point, and after a run that did not stop nothing of the
         coordinator is left in the process. Safe to call twice. After a stop among several ranks the
-        process is leaving (:func:`ddp_sigterm._core.process.leave`: the stop signals are ignored from
-        here on, so a late one, such as torchrun's SIGTERM to the ranks still running, cannot change its
-        exit code), and the deadline keeps running until the process has exited. A process alone leaves
-        nothing behind, stopped or not.
+        process is leaving (the stop signals are ignored from here on, so a late one, such as torchrun's
+        SIGTERM to the ranks still running, cannot change its exit code), and the deadline keeps running
+        until the process has exited. A process alone leaves nothing behind, stopped or not.
 
         A stop signal that came after the run's last agreement stopped nothing. With ``redeliver``, when
         no exception is on its way out (``close()`` in a ``finally`` after the loop ended normally) and
@@ -147,28 +135,10 @@ class StopCoordinator:
         what it would have done without the package (a handler someone installed was already called when
         the signal arrived). The Trainer integration does not redeliver: stock Lightning, whose handler
         is in place until its teardown, keeps such a signal too."""
-        failing = sys.exc_info()[1] is not None
-        self._recorder.restore()
         stopped, rank = self.decision is not None, self.rank
-        if stopped and self.world_size > 1:
-            process.leave(self.ignored_after_stop, destroy_default_group=self.settings.destroy_at_exit)
-        if self._deadline is not None:
-            self._deadline.close(keep_armed=stopped)
-            self._deadline = None
-        if self._heartbeat is not None:
-            self._heartbeat.close(timeout=self._heartbeat.period + _CLOSE_SECONDS)
-            self._heartbeat = None
-        if self._agreement is not None:
-            self._agreement.close()
-            self._agreement = None
+        self._runtime.close(stopped, leaving=stopped and self.world_size > 1,
+                            destroy_default_group=self.settings.destroy_at_exit, redeliver=redeliver)
         log.logger.debug("rank %d: closed (%s)", rank, "after the agreed stop" if stopped else "no stop")
-        late = self._recorder.signum
-        if not stopped and late and redeliver and not failing and \
-                threading.current_thread() is threading.main_thread() and default_action(signal.getsignal(late)):
-            self._recorder.signum = 0  # once
-            log.logger.warning("rank %d: %s came after the run's last stop agreement: no stop was agreed; passing it "
-                               "on to the handler it replaced", rank, signal.Signals(late).name)
-            signal.raise_signal(late)
 
     # -- what it records -------------------------------------------------------------------------
     def record(self, signum: int, frame: FrameType | None = None) -> None:
@@ -179,7 +149,7 @@ class StopCoordinator:
     def install_handlers(self) -> None:
         """Record the stop signals the framework does not route to :meth:`record`, chaining to the handlers
         in place; :meth:`close` restores them. Main thread."""
-        self._recorder.install(tuple(s for s in self._recorder.signals if s not in self._routed))
+        self._runtime.install_handlers()
 
     @property
     def signals(self) -> tuple[int, ...]:
@@ -193,7 +163,7 @@ class StopCoordinator:
     @property
     def ignored_after_stop(self) -> tuple[int, ...]:
         """The signals the process ignores from an agreed stop until it exits: the stop signals when
-        several ranks stopped (:func:`ddp_sigterm._core.process.leave`), none in a process alone."""
+        several ranks stopped, none in a process alone (see :meth:`close`)."""
         return self._recorder.signals if self.world_size > 1 else ()
 
     def _waiting_for_now(self) -> str:
@@ -293,17 +263,15 @@ class StopCoordinator:
                                     self._schedule.boundary)
 
     def _stopped(self, vote: Vote) -> bool:
-        """Give the vote to the schedule; if it decided a stop: arm the deadline, log, run the actions."""
+        """Give the vote to the schedule; if it decided a stop: log it, and the runtime arms the deadline and
+        runs the integration's actions."""
         now = time.monotonic()
         decision = self._schedule.voted(vote, now, self._recorder.received_at)
         if decision is None:
             return False
         self._activity = f"the process to exit after the stop agreed at {self._where(decision.step)}"
-        if self._deadline is not None:
-            self._deadline.arm(now, "the agreed stop")
         self._log_decision(decision)
-        for action in self._on_decided:
-            action(decision)
+        self._runtime.stopped(decision, now)
         return True
 
     def _log_decision(self, decision: StopDecision) -> None:

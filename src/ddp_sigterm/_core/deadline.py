@@ -21,11 +21,10 @@ import os
 import select
 import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 
-from ddp_sigterm._core import exit_codes, process
+from ddp_sigterm._core import exit_codes
 
 ESCALATION_REQUESTS = 3
 """The stop request that ends the process at once: a second one is ignored, the third means "now"."""
@@ -39,7 +38,9 @@ _WAKE = b"\0"  # written by this module to make the thread look again; never a s
 
 
 class Deadline:
-    """Watches for stop signals from a thread and ends the process if the stop overruns.
+    """The body and state of the thread that watches for stop signals and ends the process if the stop
+    overruns; the runtime starts it (:meth:`ddp_sigterm._core.runtime.Runtime.start`) and hands it the
+    wakeup fd's socket pair (:meth:`listen`).
 
     ``who`` names the process in messages ("rank 1 of 2"); ``activity`` is called from the watching
     thread to name what the main thread is waiting for, so it must only read attributes. The wakeup
@@ -58,19 +59,15 @@ class Deadline:
         self._previous_fd = -1
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
-        self._thread: threading.Thread | None = None
         self._closing = False
 
-    def start(self) -> None:
-        if self._thread is not None or threading.current_thread() is not threading.main_thread():
-            return
-        self._reader, self._writer = socket.socketpair()
-        self._writer.setblocking(False)
-        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
-        process.close_in_forked_children(self._reader, self._writer)
-        self._thread = threading.Thread(target=self._watch, args=(self._reader,), name="ddp_sigterm-deadline",
-                                        daemon=True)
-        self._thread.start()
+    def listen(self, reader: socket.socket, writer: socket.socket, previous_fd: int) -> None:
+        """The wakeup fd's socket pair (the interpreter writes each signal's number to ``writer``), and
+        the wakeup fd it replaced, to which each signal is passed on."""
+        self._reader, self._writer, self._previous_fd = reader, writer, previous_fd
+
+    def ends(self) -> tuple[socket.socket, ...]:
+        return tuple(end for end in (self._reader, self._writer) if end is not None)
 
     def arm(self, since: float, why: str) -> None:
         """Start the countdown at ``since`` (``time.monotonic()``) unless a signal already did."""
@@ -78,25 +75,13 @@ class Deadline:
             self.armed_at, self._why = since, why
             self._wake()
 
-    def close(self, keep_armed: bool = True) -> None:
-        """Stop watching for signals, give the wakeup fd back and end the thread. An armed countdown
-        keeps running with ``keep_armed``: after a stop the process is on its way out, and the bound
-        holds until it is gone."""
-        thread = self._thread
-        if thread is None or self._writer is None:
-            return
-        process.keep_in_forked_children(*(end for end in (self._reader, self._writer) if end is not None))
-        main = threading.current_thread() is threading.main_thread()
-        if main:
-            signal.set_wakeup_fd(self._previous_fd)
-        if self.armed_at is None or not keep_armed:
-            self._closing = True
-            self._wake()
-            thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
-            if main:  # elsewhere the wakeup fd still points at the writer: keep it open
-                self._writer.close()
-                self._writer = None
-        self._thread = None
+    def end(self, close_writer: bool) -> None:
+        """Tell the thread to end; it closes the reader."""
+        self._closing = True
+        self._wake()
+        if close_writer and self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     # -- the watching thread -------------------------------------------------------------------
     def _wake(self) -> None:
@@ -108,7 +93,11 @@ class Deadline:
             except OSError:  # closed by close(): the thread has been told to stop
                 pass
 
-    def _watch(self, reader: socket.socket) -> None:
+    def watch(self) -> None:
+        """The thread's body: from :meth:`listen` until :meth:`end`, or until it ends the process."""
+        reader = self._reader
+        if reader is None:
+            raise RuntimeError("ddp_sigterm: Deadline.listen() before watch()")
         while not self._closing:
             timeout = None
             if self.armed_at is not None:

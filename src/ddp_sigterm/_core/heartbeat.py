@@ -7,7 +7,8 @@ disagree on where to stop, so a thread on every rank runs a small all-reduce eve
 signal was recorded here, this rank's step boundary, closing]``. When one carries a signal, every rank
 gets the same largest boundary ``B`` and the agreement runs at boundary ``B + 1`` on every rank; why no
 rank is past it then is :class:`ddp_sigterm._core.schedule.HeartbeatBook`'s docstring, and the
-bookkeeping is that class's. This module is the thread and its collective.
+bookkeeping is that class's. This module is the thread's body and its collective; the runtime starts
+and joins the thread and gives the group back (:class:`ddp_sigterm._core.runtime.Runtime`).
 
 So a stop is agreed at most ``period`` plus one step (and the all-reduce) after the first signal:
 within ``max(max_delay, 2 steps)``. The heartbeat never decides a stop itself.
@@ -21,28 +22,23 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ddp_sigterm._core.process import release_cpu_group
 from ddp_sigterm._core.schedule import HeartbeatBook
 
 
 class Heartbeat:
-    """One rank's part: :meth:`start` on every rank of ``group`` at the same point, then
-    :meth:`passing` at every step boundary, :meth:`close` at the end (every rank, same point)."""
+    """One rank's part: the runtime runs :meth:`beat` in a thread on every rank of ``group``, from the same
+    point; the main thread calls :meth:`passing` at every step boundary; :meth:`end` on every rank at the
+    same point makes the next heartbeat the last."""
 
     def __init__(self, group: dist.ProcessGroup, max_delay: float, signalled: Callable[[], bool]) -> None:
         self.period = max_delay / 2
-        self._group = group
+        self.group = group
         self._signalled = signalled
         self._lock = threading.Lock()  # orders the thread's report against the main thread's boundaries
         self._book = HeartbeatBook()
         self._arrived = threading.Event()
         self._closing = False
         self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._beat, name="ddp_sigterm-heartbeat", daemon=True)
-        self._thread.start()
 
     def passing(self, boundary: int) -> int | None:
         """The main thread passes ``boundary``. Returns the boundary at which a heartbeat asked for an
@@ -54,22 +50,13 @@ class Heartbeat:
         with self._lock:
             return self._book.requested
 
-    def close(self, timeout: float) -> None:
-        """End the heartbeat on every rank: the next one carries "closing", and every rank's thread ends
-        after it; then give the group back (:func:`ddp_sigterm._core.process.release_cpu_group`).
-        Waits up to ``timeout`` seconds for this rank's thread: it takes longer only when a peer has
-        stopped answering, and then the thread, and its group, are left to the group's timeout. Safe to
-        call twice."""
+    def end(self) -> None:
+        """The next heartbeat carries "closing", and every rank's thread ends after it."""
         self._closing = True
         self._wake.set()
-        if self._thread is None:
-            return
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self._thread = None
-            release_cpu_group(self._group)
 
-    def _beat(self) -> None:
+    def beat(self) -> None:
+        """The thread's body: a heartbeat every period until one carries "closing" or fails."""
         report = torch.zeros(3, dtype=torch.int64)
         while True:
             with self._lock:
@@ -77,7 +64,7 @@ class Heartbeat:
                 self._arrived.clear()
             report[0], report[1], report[2] = int(self._signalled()), reported, int(self._closing)
             try:
-                dist.all_reduce(report, op=dist.ReduceOp.MAX, group=self._group)
+                dist.all_reduce(report, op=dist.ReduceOp.MAX, group=self.group)
             except Exception:  # a peer gone or stuck: training's own collectives meet it too; this thread ends
                 report.zero_()
                 report[2] = 1

@@ -10,7 +10,7 @@ naming it. Behaviour that depends on the release is gated on its version (:func:
 ``hasattr``.
 
 (The one private name of torch the package uses, ``_MultiProcessingDataLoaderIter.__init__``, stays
-with the code that needs it, ``_core/process.py``, which must not import Lightning; the canary checks
+with the code that needs it, ``_core/runtime.py``, which must not import Lightning; the canary checks
 it too.)
 """
 
@@ -175,7 +175,7 @@ def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None
 
 def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
     """At the agreed stop: Lightning's flag, as its own handler would set it, and the handlers it puts
-    back at teardown become SIG_IGN for ``ignore`` (see :func:`ddp_sigterm._core.process.leave`)."""
+    back at teardown become SIG_IGN for ``ignore`` (as :meth:`ddp_sigterm._core.runtime.Runtime.close` ignores them)."""
     originals = trainer._signal_connector._original_handlers
     for signum in ignore:
         if signum in originals:

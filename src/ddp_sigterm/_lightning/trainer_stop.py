@@ -237,7 +237,7 @@ class TrainerStop(Integration):
             return
         decision = coordinator.agreed
         # Lightning puts its saved handlers back at teardown, after this callback has closed: make that
-        # SIG_IGN for the signals process.leave ignores, so a late signal cannot change the exit code.
+        # SIG_IGN for the signals the runtime ignores after a stop, so a late signal cannot change the exit code.
         internals.mark_stopped(trainer, coordinator.ignored_after_stop)
         agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:

@@ -15,6 +15,8 @@ import pytest
 
 from ddp_sigterm import Settings, StopCoordinator
 from ddp_sigterm._core.deadline import Deadline
+from ddp_sigterm._core.runtime import Runtime
+from ddp_sigterm._core.signals import SignalRecorder
 
 
 @pytest.mark.parametrize("level", ["INFO", "WARNING"])
@@ -96,10 +98,10 @@ def test_coordinator_started_outside_the_main_thread_works_without_a_deadline() 
 
     def train() -> None:
         try:
-            deadline = Deadline(1.0, (signal.SIGTERM,), "rank 0 of 2", lambda: "nothing")
-            deadline.start()
-            assert deadline._thread is None
-            deadline.close()
+            runtime = Runtime(SignalRecorder((signal.SIGTERM,)))
+            runtime.start(handlers=False, deadline=Deadline(1.0, (signal.SIGTERM,), "rank 0 of 2", lambda: "nothing"))
+            assert not [thread for thread in threading.enumerate() if thread.name.startswith("ddp_sigterm")]
+            runtime.close(stopped=False, leaving=False, destroy_default_group=False, redeliver=False)
             coordinator = StopCoordinator(Settings.resolve(environ={}))
             coordinator.start(install_handlers=False)
             assert coordinator.should_stop(0) is False

@@ -18,9 +18,10 @@ from ddp_sigterm._core.exit_codes import GAVE_UP
 _BLOCKED = """
 import os, signal, sys
 from ddp_sigterm._core.deadline import Deadline
+from ddp_sigterm._core.runtime import Runtime
 from ddp_sigterm._core.signals import SignalRecorder
-SignalRecorder((signal.SIGTERM,)).install()
-Deadline(float(sys.argv[1]), (signal.SIGTERM,), "rank 0 of 2", lambda: "a peer that never answers").start()
+deadline = Deadline(float(sys.argv[1]), (signal.SIGTERM,), "rank 0 of 2", lambda: "a peer that never answers")
+Runtime(SignalRecorder((signal.SIGTERM,))).start(handlers=True, deadline=deadline)
 print("ready", flush=True)
 os.read(os.pipe()[0], 1)
 """

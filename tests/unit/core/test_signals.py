@@ -1,10 +1,11 @@
-"""ddp_sigterm/_core/signals.py: the recording handler records, chains and restores."""
+"""ddp_sigterm/_core/signals.py: the recording handler records, and the runtime chains and restores it."""
 
 from __future__ import annotations
 
 import os
 import signal
 
+from ddp_sigterm._core.runtime import Runtime
 from ddp_sigterm._core.signals import SignalRecorder
 
 
@@ -13,7 +14,8 @@ def test_recorder_records_chains_and_restores() -> None:
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
     try:
         recorder = SignalRecorder((signal.SIGUSR2,))
-        recorder.install()
+        runtime = Runtime(recorder)
+        runtime.start(handlers=True)
         os.kill(os.getpid(), signal.SIGUSR2)
         assert recorder.signum == signal.SIGUSR2
         assert recorder.received_at is not None
@@ -21,8 +23,7 @@ def test_recorder_records_chains_and_restores() -> None:
         first = recorder.received_at
         os.kill(os.getpid(), signal.SIGUSR2)
         assert recorder.received_at == first  # the first signal's time is kept
-        recorder.restore()
-        recorder.restore()  # twice is fine
+        runtime.close(stopped=False, leaving=False, destroy_default_group=False, redeliver=False)
         recorder.signum = 0
         os.kill(os.getpid(), signal.SIGUSR2)
         assert recorder.signum == 0  # no longer recorded

@@ -1,5 +1,6 @@
-"""ddp_sigterm/_core/process.py: what the package does to the process beyond one call: DataLoader workers block
-the recorded signals (while they live, and at the interpreter's exit), and leave() after a stop."""
+"""ddp_sigterm/_core/runtime.py: what the package does to the process: DataLoader workers block the recorded
+signals (while they live, and at the interpreter's exit), the way out after a stop, handlers and threads that a
+closed runtime leaves no trace of."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 
+from ddp_sigterm._core.deadline import Deadline
+from ddp_sigterm._core.runtime import Runtime
 from ddp_sigterm._core.signals import SignalRecorder
+
+
+def _closed(runtime: Runtime) -> None:
+    runtime.close(stopped=False, leaving=False, destroy_default_group=False, redeliver=False)
 
 
 def test_after_leave_a_late_stop_signal_cannot_change_the_exit() -> None:
@@ -20,8 +28,11 @@ def test_after_leave_a_late_stop_signal_cannot_change_the_exit() -> None:
     running must not end it first (it would exit -15)."""
     script = (
         "import os, signal, sys\n"
-        "from ddp_sigterm._core import process\n"
-        "process.leave((signal.SIGTERM, signal.SIGUSR2), destroy_default_group=False)\n"
+        "from ddp_sigterm._core.runtime import Runtime\n"
+        "from ddp_sigterm._core.signals import SignalRecorder\n"
+        "runtime = Runtime(SignalRecorder((signal.SIGTERM, signal.SIGUSR2)))\n"
+        "runtime.start(handlers=True)\n"
+        "runtime.close(stopped=True, leaving=True, destroy_default_group=False, redeliver=True)\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "os.kill(os.getpid(), signal.SIGUSR2)\n"
         "sys.exit(143)\n"
@@ -48,7 +59,8 @@ def _exit_1_if_sigterm_blocked() -> None:
 
 def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> None:
     recorder = SignalRecorder((signal.SIGTERM,))
-    recorder.install()
+    runtime = Runtime(recorder)
+    runtime.start(handlers=True)
     try:
         loader = torch.utils.data.DataLoader(_MaskReport(), num_workers=1, multiprocessing_context="fork",
                                              batch_size=None, timeout=60)
@@ -60,7 +72,7 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
         child.join(timeout=60)
         assert child.exitcode == 0
     finally:
-        recorder.restore()
+        _closed(runtime)
     # unprotected. No timeout: torch then checks its workers every 5 s. Its SIGCHLD handler, which reports a killed
     # worker at once, may be gone: a Trainer's teardown earlier in this process (test_lightning_integration) puts back
     # every handler it saw at set-up, SIG_DFL for SIGCHLD included, and torch installs its handler once per process;
@@ -75,8 +87,9 @@ def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> Non
     that block SIGTERM must still end (found by the soak: a stop during validation, persistent workers)."""
     script = (
         "import signal, torch\n"
+        "from ddp_sigterm._core.runtime import Runtime\n"
         "from ddp_sigterm._core.signals import SignalRecorder\n"
-        "SignalRecorder((signal.SIGTERM,)).install()\n"
+        "Runtime(SignalRecorder((signal.SIGTERM,))).start(handlers=True)\n"
         "loader = torch.utils.data.DataLoader(list(range(64)), num_workers=2, persistent_workers=True,\n"
         "                                     multiprocessing_context='fork')\n"
         "batches = iter(loader)\n"
@@ -95,3 +108,34 @@ def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> Non
     assert child.returncode == 0, out
     # torch's SIGCHLD handler raising for the killed workers: it cut the kills short (a hang, 1 CI run in ~10)
     assert "Traceback" not in out, out
+
+
+def test_start_and_close_are_idempotent_and_leave_nothing_behind() -> None:
+    """One start, one close, either twice is harmless: the handlers it replaced are back, the deadline's thread has
+    ended and the wakeup fd is the one before; the recording handler chained to the handler in place."""
+    seen: list[int] = []
+    def users(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGUSR2, users)
+    threads, fd = threading.enumerate(), signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd)
+    try:
+        recorder = SignalRecorder((signal.SIGUSR2,))
+        runtime = Runtime(recorder)
+        deadline = Deadline(60.0, recorder.signals, "rank 0 of 2", lambda: "nothing")
+        runtime.start(handlers=True, deadline=deadline)
+        runtime.start(handlers=True, deadline=deadline)
+        assert [t.name for t in threading.enumerate() if t not in threads] == ["ddp_sigterm-deadline"]
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert recorder.signum == signal.SIGUSR2
+        assert seen == [signal.SIGUSR2]
+        _closed(runtime)
+        _closed(runtime)
+        assert signal.getsignal(signal.SIGUSR2) is users
+        assert signal.set_wakeup_fd(fd) == fd
+        assert threading.enumerate() == threads
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert seen == [signal.SIGUSR2] * 2
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
