@@ -40,7 +40,7 @@ def main() -> None:
         if rank == 0:
             torch.save({"step": step, "model": model.module.state_dict()}, os.path.join(OUT, f"step{step}.pt"))
         dist.barrier()
-        outcome.update(stopped_at=step, exit_code=stop.exit_code, stop=dataclasses.asdict(stop.agreed))
+        outcome.update(stopped_at=step, exit_code=stop.exit_code, stop=dataclasses.asdict(stop.decision))
         raise SystemExit(stop.exit_code)
 
     try:

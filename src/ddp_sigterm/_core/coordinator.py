@@ -300,13 +300,9 @@ class StopCoordinator:
             return agreement.lowest_failed_rank(succeeded, where)
 
     @property
-    def agreed(self) -> StopDecision:
-        """The agreed stop's decision; RuntimeError if no stop was agreed."""
+    def exit_code(self) -> int:
+        """128 + the agreed signal number, the code a process killed by that signal would report;
+        RuntimeError if no stop was agreed."""
         if self.decision is None:
             raise RuntimeError("ddp_sigterm: no stop was agreed")
-        return self.decision
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the agreed signal number, the code a process killed by that signal would report."""
-        return self.agreed.exit_code
+        return self.decision.exit_code

@@ -41,6 +41,7 @@ from ddp_sigterm import slurm
 from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.log import logger
+from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
@@ -233,9 +234,8 @@ class TrainerStop(Integration):
         says stop: save the stop checkpoint, requeue under SLURM, raise ``SIGTERMException(128 + signal)``."""
         coordinator = self._coordinator
         step = trainer.global_step
-        if coordinator is None or not stops(step):
+        if coordinator is None or not stops(step) or (decision := coordinator.decision) is None:
             return
-        decision = coordinator.agreed
         # Lightning puts its saved handlers back at teardown, after this callback has closed: make that
         # SIG_IGN for the signals the runtime ignores after a stop, so a late signal cannot change the exit code.
         internals.mark_stopped(trainer, coordinator.ignored_after_stop)
@@ -244,7 +244,7 @@ class TrainerStop(Integration):
             saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step)
             agreed += f"; checkpoint saved to {saved}"
         if coordinator.requeue_signal is not None:  # SLURM, auto-requeue on
-            requeued = _requeue(trainer, coordinator, coordinator.requeue_signal, step)
+            requeued = _requeue(trainer, coordinator, decision, coordinator.requeue_signal, step)
             agreed += f"; SLURM job {requeued}" if requeued else ""
         self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = self.lightning.sigterm_exception(decision.exit_code)
@@ -297,14 +297,14 @@ def _newest_stop_checkpoint(trainer: Any, settings: TrainerSettings) -> str | No
     return newest
 
 
-def _requeue(trainer: Any, coordinator: StopCoordinator, requeue_signal: int, step: int) -> str | None:
+def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision, requeue_signal: int,
+             step: int) -> str | None:
     """After the stop checkpoint, global rank 0 runs ``scontrol requeue`` once if the stop is the
     requeue signal's or SLURM is preempting the job; every rank learns the outcome (a failed requeue
     raises :class:`StopError` everywhere). When ``scontrol show job`` cannot tell whether SLURM is
     preempting the job, rank 0 warns with its error and does not requeue: the stop itself succeeded,
     and a SIGTERM is most often not a preemption. Returns, on rank 0 if it requeued the job,
     ``"<job id> requeued: <why>"``."""
-    decision = coordinator.agreed
 
     def requeue_on_rank_0() -> str | None:
         if not trainer.is_global_zero:
