@@ -84,7 +84,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 		test_trainer_calls_datamodule_on_exception) \
 	tests_fabric/utilities/test_distributed.py tests_pytorch/trainer/test_ddp_sigterm_handling.py
 
-.PHONY: test test-unit lint test-versions versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
+.PHONY: test test-unit lint test-versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
 	fetch-upstream venv \
 	soak bench bench-grace bench-multinode bench-master demo clean
 
@@ -196,10 +196,6 @@ test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.
 		SCENARIO_PYTHON=$(CURDIR)/.venv-lightning-$$v/bin/python SCENARIO_EXPECT_LIGHTNING=$$v \
 			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
 	done
-
-# The releases of make test-versions, one line, for the CI's matrix.
-versions:
-	@echo $(VERSIONS)
 
 # What make test leaves out to stay short: jobs repeated to catch what happens now and then (gloo's abort at
 # exit), the stop signals other than SIGTERM and SIGINT, the examples' second launchers, more seeds of the

@@ -88,3 +88,19 @@ def test_the_coordinator_methods_the_docs_call_exist() -> None:
     called = {name for text in texts for name in re.findall(r"\bstop\.([a-z_]+)", text)}
     assert called, "no stop.<name> found: the pattern no longer matches the docs"
     assert sorted(name for name in called if not hasattr(StopCoordinator, name)) == []
+
+
+def test_every_ci_stage_is_a_make_target_and_the_readme_test_command_is_one() -> None:
+    """.ci/run and the workflow both run .ci/stages: each stage's target must exist, and make test must be there."""
+    from ci_stages import stages
+
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (ROOT / "Makefile").read_text(), re.MULTILINE))
+    found = stages()
+    for stage in found:
+        words = str(stage["command"]).split()
+        assert words[0] == "make", stage
+        assert words[1] in targets, stage
+        assert stage["needs"] in ("", "sources", "root"), stage
+    assert "make test" in [stage["command"] for stage in found]
+    assert "tools/ci_stages.py" in (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    assert ".ci/stages" in (ROOT / ".ci" / "run").read_text()
