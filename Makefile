@@ -88,13 +88,16 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 	fetch-upstream venv \
 	soak bench bench-grace bench-multinode bench-master demo clean
 
-$(VENV)/.installed: pyproject.toml requirements/constraints.txt requirements/test.txt requirements/storage.txt
+# Every venv that runs the suite's jobs also has its support package, tests/support (ddp_sigterm_tests), editable.
+SUPPORT := -e tests/support
+$(VENV)/.installed: pyproject.toml tests/support/pyproject.toml requirements/constraints.txt requirements/test.txt \
+		requirements/storage.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt \
-		-r requirements/storage.txt -e ".[lightning,pytorch-lightning]"
+		-r requirements/storage.txt -e ".[lightning,pytorch-lightning]" $(SUPPORT)
 	touch $@
 
 $(VENV)/.lint-installed: $(VENV)/.installed requirements/lint.txt
@@ -110,25 +113,27 @@ $(VENV_TORCH)/.installed: requirements/constraints.txt
 	$(VENV_TORCH)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
 	touch $@
 
-.venv-lightning-%/.installed: $(VENV_TORCH)/.installed pyproject.toml requirements/test.txt
+.venv-lightning-%/.installed: $(VENV_TORCH)/.installed pyproject.toml tests/support/pyproject.toml \
+		requirements/test.txt
 	rm -rf $(@D)
 	$(PYTHON) -m venv $(@D)
 	$(VENV_TORCH)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
 		> $$($(@D)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/torch-base.pth
 	$(@D)/bin/pip install $(PIP_FLAGS) -r requirements/test.txt torch==$(TORCH) lightning==$* pytorch-lightning==$*
-	$(@D)/bin/pip install $(PIP_FLAGS) --no-deps -e .
+	$(@D)/bin/pip install $(PIP_FLAGS) --no-deps -e . $(SUPPORT)
 	touch $@
 
 # Lightning $(PATCHED_RELEASE) with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
 $(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIES)/base $(SERIES)/*.patch) \
-		requirements/constraints.txt requirements/test.txt
+		requirements/constraints.txt requirements/test.txt tests/support/pyproject.toml
 	rm -rf $(VENV_PATCHED)
 	$(PYTHON) -m venv $(VENV_PATCHED)
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
 	[ -d $(OPEN_PRS) ] || bash tools/fetch_upstream.sh $(LIGHTNING_SOURCES)  # the open PRs the series is stacked on
 	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh $(VENV_PATCHED)/bin/python
 	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here
-	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt $(PATCHED_WHEEL)
+	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt \
+		$(PATCHED_WHEEL) $(SUPPORT)
 	# Lightning's tests mark the flaky ones @pytest.mark.flaky (fabric's test_distributed.py)
 	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt pytest-rerunfailures==16.1
 	touch $@
@@ -225,7 +230,7 @@ test-patched: $(VENV)/.installed $(VENV_PATCHED)/.installed
 	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh --tests $(LIGHTNING_TESTS)
 	$(PYTEST_LIGHTNING_TEST)
 
-# Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tools/slurm_cluster.py): installs
+# Real sbatch jobs on a private one-node SLURM cluster (tests/test_slurm.py, tests/support/slurm_cluster.py): installs
 # slurm-wlm and munge with apt-get when missing (root), configures the cluster under build/slurm (never /etc; refuses
 # to start next to a configured or running SLURM), and stops every daemon it started, by pid, whatever happened.
 # With the package and with the patched Lightning. Where it cannot run, the tests are skipped with the reason;
@@ -236,14 +241,14 @@ test-slurm: $(VENV)/.installed $(VENV_PATCHED)/.installed
 		$(VENV)/bin/python -m pytest -ra --durations=0 -m slurm tests/test_slurm.py; \
 		status=$$?; cat build/slurm-report.md 2>/dev/null; exit $$status
 
-# Jobs across network namespaces on this machine, 2 nodes x 2 ranks (tests/test_multinode.py; tests/nodes.py makes the
-# nodes): each launcher, a stop from node 2, resume; a two-node SLURM cluster's preemption and requeue; Gloo's pitfalls
+# Jobs across network namespaces on this machine, 2 nodes x 2 ranks (tests/test_multinode.py; tests/support/nodes.py
+# makes the nodes): each launcher, a stop from node 2, resume; a two-node SLURM cluster's preemption and requeue; Gloo's pitfalls
 # with the package, stock and the patched Lightning.
 # Needs root (skipped with the reason otherwise; MULTINODE_REQUIRED=1, as .ci/run sets, makes that a failure). The
 # trap removes what the ledger build/multinode/created names, if a killed run left it.
 MULTINODE_REQUIRED ?=
 test-multinode: $(VENV)/.installed $(VENV_PATCHED)/.installed
-	trap '$(VENV)/bin/python tests/nodes.py cleanup' EXIT; \
+	trap '$(VENV)/bin/python tests/support/nodes.py cleanup' EXIT; \
 	MULTINODE_PATCHED_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python MULTINODE_REQUIRED=$(MULTINODE_REQUIRED) \
 		$(VENV)/bin/python -m pytest -ra --durations=0 -m multinode tests/test_multinode.py
 
@@ -269,14 +274,14 @@ bench-grace: $(VENV)/.installed
 # master as it is (#20825's broadcast), on master + the series' base (no check: the floor) and with the series, at 1,
 # 10 and 100 ms steps on 2 and 4 ranks, training only and validating every 10 steps, in make test-upstream's trees.
 # REPS=... runs per cell (default 3).
-bench-master: upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_BASE)/.installed \
+bench-master: $(VENV)/.installed upstream-trees $(VENV_UPSTREAM)/.installed $(VENV_UPSTREAM_BASE)/.installed \
 		$(VENV_UPSTREAM_PATCHED)/.installed
-	$(PYTHON) benchmarks/master.py $(if $(REPS),--reps $(REPS))
+	$(VENV)/bin/python benchmarks/master.py $(if $(REPS),--reps $(REPS))
 
 # The package's group set-up time and the stop latency across network-namespace nodes of 2 ranks (root; the
 # node counts are benchmarks/multinode.py's --nodes).
 bench-multinode: $(VENV)/.installed
-	trap '$(VENV)/bin/python tests/nodes.py cleanup' EXIT; $(VENV)/bin/python benchmarks/multinode.py
+	trap '$(VENV)/bin/python tests/support/nodes.py cleanup' EXIT; $(VENV)/bin/python benchmarks/multinode.py
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

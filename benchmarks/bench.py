@@ -23,11 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ddp_sigterm_tests.harness import run_job
+
 from ddp_sigterm._core.agreement import PAYLOAD_SIZE
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import run_job  # noqa: E402
 
 STOCK_ENV = ROOT / ".venv" / "bin" / "python"  # released Lightning 2.6.6 with the package installed
 PATCHED_ENV = ROOT / ".venv-patched" / "bin" / "python"

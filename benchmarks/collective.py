@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ddp_sigterm_tests.scenario import Job
 
 from ddp_sigterm._core.agreement import PAYLOAD_SIZE
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from scenario import Job
 
 ENV = os.environ
 OUT = Job.read().out  # the harness's job: where to write

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import re
-import sys
 import tempfile
 from pathlib import Path
 
+from ddp_sigterm_tests.harness import OutsideSignal, run_job, s3_server
+from ddp_sigterm_tests.scenario import Scenario
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import OutsideSignal, run_job, s3_server  # noqa: E402
-from scenario import Scenario  # noqa: E402
 
 SAVED = re.compile(r"the stop checkpoint of step \d+ is saved: .* \(([\d.]+) s, every rank\)")
 

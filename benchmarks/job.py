@@ -27,18 +27,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from ddp_sigterm_tests.scenario import Job
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loops import utilities as loop_utilities
 from torch.utils.data import DataLoader, TensorDataset
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from scenario import Job
 
 ENV = os.environ
 JOB = Job.read()  # the harness's job: where to write, how many ranks

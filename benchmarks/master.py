@@ -17,13 +17,12 @@ import argparse
 import os
 import re
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
+from ddp_sigterm_tests.harness import free_port, supervise
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from harness import free_port, supervise  # noqa: E402
 
 SCRIPT = ROOT / "patches" / "lightning-master" / "01-sigterm-every-rank" / "benchmark.py"
 SIDES = {

@@ -1,6 +1,6 @@
 """What the package's groups cost to make, and how soon a stop lands, across nodes: ``make bench-multinode`` (root).
 
-Jobs of N nodes x 2 ranks (network namespaces on this machine, tests/nodes.py; every rank on 2 cores, so 8 ranks
+Jobs of N nodes x 2 ranks (network namespaces on this machine, tests/support/nodes.py; every rank on 2 cores, so 8 ranks
 are oversubscribed 4 to a core), one process per rank with MASTER_ADDR, 50 ms steps. SIGTERM goes to the last rank
 (on the last node) at its batch 3. Read from the package's own log (``DDP_SIGTERM_LOG_LEVEL=DEBUG``): the time each
 rank took to make the stop's two gloo groups (the least is the last rank to get there, which waits for no one: the
@@ -17,10 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ddp_sigterm_tests import nodes
+from ddp_sigterm_tests.scenario import Scenario
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-import nodes  # noqa: E402
-from scenario import Scenario  # noqa: E402
 
 MADE = re.compile(r"rank (\d+): the stop's gloo groups made in ([\d.]+) s")
 AGREED = re.compile(r"SIGTERM received here at .* \(([\d.]+) s, (\d+) step boundaries before the agreement\)")

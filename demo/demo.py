@@ -12,11 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from ddp_sigterm_tests.harness import JobResult, run_job
+from ddp_sigterm_tests.scenario import Scenario
 
-from harness import JobResult, run_job  # noqa: E402
-from scenario import Scenario  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "demo-output"
 STOCK_TIMEOUT = 25.0

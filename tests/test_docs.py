@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from ddp_sigterm_tests.repository import tool
 
 from ddp_sigterm import StopCoordinator
 from ddp_sigterm._lightning.internals import CHECKED
@@ -92,10 +93,8 @@ def test_the_coordinator_methods_the_docs_call_exist() -> None:
 
 def test_every_ci_stage_is_a_make_target_and_the_readme_test_command_is_one() -> None:
     """.ci/run and the workflow both run .ci/stages: each stage's target must exist, and make test must be there."""
-    from ci_stages import stages
-
     targets = set(re.findall(r"^([a-z][a-z0-9-]*):", (ROOT / "Makefile").read_text(), re.MULTILINE))
-    found = stages()
+    found = tool("ci_stages").stages()
     for stage in found:
         words = str(stage["command"]).split()
         assert words[0] == "make", stage

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import IMPLEMENTATION, PYTHON, Supervised, free_port, supervise
-from helpers import SignalAfterStep, per_rank, saved_step, steps_done, torchrun_restarts
+from ddp_sigterm_tests.harness import IMPLEMENTATION, PYTHON, Supervised, free_port, supervise
+from ddp_sigterm_tests.helpers import SignalAfterStep, per_rank, saved_step, steps_done, torchrun_restarts
 
 pytestmark = pytest.mark.scenario
 

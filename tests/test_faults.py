@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
-from helpers import (
+from ddp_sigterm_tests.harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
+from ddp_sigterm_tests.helpers import (
     MUST_FINISH,
     SIGTERM_EXIT,
     assert_finished,
@@ -18,7 +18,7 @@ from helpers import (
     assert_unison_stop,
     fit,
 )
-from scenario import Scenario
+from ddp_sigterm_tests.scenario import Scenario
 
 from ddp_sigterm._core.exit_codes import GAVE_UP, STOP_FAILED
 

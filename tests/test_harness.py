@@ -1,11 +1,11 @@
-"""The suite's own tools: the fault injections a scenario job sends itself (tests/injection.py), and the
-description of a job its processes read (tests/scenario.py)."""
+"""The suite's own tools: the fault injections a scenario job sends itself (tests/support/injection.py), and the
+description of a job its processes read (tests/support/scenario.py)."""
 
 from __future__ import annotations
 
 import pytest
-from injection import Injection, encode, parse
-from scenario import Job, Scenario
+from ddp_sigterm_tests.injection import Injection, encode, parse
+from ddp_sigterm_tests.scenario import Job, Scenario
 
 
 def test_fault_injections_are_parsed_once_and_checked() -> None:

@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from harness import OutsideSignal, run_job
-from helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished
-from scenario import Scenario
+from ddp_sigterm_tests.harness import OutsideSignal, run_job
+from ddp_sigterm_tests.helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished
+from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 GRACE = 30.0  # Kubernetes' default terminationGracePeriodSeconds

@@ -1,4 +1,4 @@
-"""Multi-node jobs across network namespaces (tests/nodes.py): 2 nodes x 2 ranks, ``Trainer(num_nodes=2,
+"""Multi-node jobs across network namespaces (tests/support/nodes.py): 2 nodes x 2 ranks, ``Trainer(num_nodes=2,
 devices=2)``, started as each launcher starts them, stopped by a SIGTERM to one rank of node 2 or by a drain
 of node 2, then resumed on both nodes to an uninterrupted run's weights; the plain torch and Fabric examples
 under torchrun; a two-node SLURM cluster's preemption and requeue; and Gloo's multi-node pitfalls, stock /
@@ -16,12 +16,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import nodes
 import pytest
-import slurm_cluster
 import torch
-from harness import JobResult, OutsideSignal, Supervised, supervise
-from helpers import (
+from ddp_sigterm_tests import nodes, slurm_cluster
+from ddp_sigterm_tests.harness import JobResult, OutsideSignal, Supervised, supervise
+from ddp_sigterm_tests.helpers import (
     HANG_BOUND,
     MUST_FINISH,
     SIGTERM_EXIT,
@@ -30,7 +29,7 @@ from helpers import (
     per_rank,
     saved_step,
 )
-from scenario import Scenario
+from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import HERE, OutsideSignal, run_job
-from helpers import (
+from ddp_sigterm_tests.harness import HERE, OutsideSignal, run_job
+from ddp_sigterm_tests.helpers import (
     HANG_BOUND,
     IMPLEMENTATION,
     MAX_DELAY,
@@ -32,7 +32,7 @@ from helpers import (
     assert_unison_stop,
     fit,
 )
-from scenario import Scenario
+from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 # Marks the scenarios that hold for the patched Lightning too (``make test-patched``): all but those

@@ -1,4 +1,4 @@
-"""SLURM end to end, on a real cluster: a private one-node cluster (tools/slurm_cluster.py) runs real
+"""SLURM end to end, on a real cluster: a private one-node cluster (tests/support/slurm_cluster.py) runs real
 ``sbatch`` jobs of 2 tasks, each running an unchanged example script through the sbatch scripts users
 copy (examples/slurm/), stopped the ways SLURM stops jobs: ``scancel --signal=TERM``, the time limit's
 warning signal with auto-requeue (``--signal=SIGUSR1@<s> --requeue``), and preemption by a job of a
@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-import slurm_cluster
 import torch
-from harness import free_port
-from helpers import per_rank, saved_step, steps_done
+from ddp_sigterm_tests import slurm_cluster
+from ddp_sigterm_tests.harness import free_port
+from ddp_sigterm_tests.helpers import per_rank, saved_step, steps_done
 
 pytestmark = [pytest.mark.slurm, pytest.mark.scenario]
 

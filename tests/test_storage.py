@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import s3_filesystem, s3_server
-from helpers import SIGTERM_EXIT, assert_finished, fit
-from scenario import Scenario
+from ddp_sigterm_tests.harness import s3_filesystem, s3_server
+from ddp_sigterm_tests.helpers import SIGTERM_EXIT, assert_finished, fit
+from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 STOP_FAILED = 200  # ddp_sigterm._core.exit_codes.STOP_FAILED, written out: the table in docs/reliability.md

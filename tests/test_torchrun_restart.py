@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from harness import run_job
-from helpers import MUST_FINISH, assert_finished, torchrun_restarts
-from scenario import Scenario
+from ddp_sigterm_tests.harness import run_job
+from ddp_sigterm_tests.helpers import MUST_FINISH, assert_finished, torchrun_restarts
+from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 MAX_STEPS = 10

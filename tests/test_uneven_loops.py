@@ -1,6 +1,6 @@
 """The heartbeat (ddp_sigterm/_core/heartbeat.py) names the boundary where every rank agrees; after a loop
 of uneven length the leaving agreement re-syncs the ranks' boundary counts. A signal landing around that
-re-sync must still be agreed at one boundary, on every rank. Two real ranks of tests/uneven_loop.py."""
+re-sync must still be agreed at one boundary, on every rank. Two real ranks of tests/support/uneven_loop.py."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import free_port, read_outcomes, supervise
-from helpers import MUST_FINISH, SIGTERM_EXIT
+from ddp_sigterm_tests.harness import HERE, free_port, read_outcomes, supervise
+from ddp_sigterm_tests.helpers import MUST_FINISH, SIGTERM_EXIT
 
 pytestmark = pytest.mark.scenario
 
-HERE = Path(__file__).resolve().parent
 # the seed chooses the signalled rank, the cycle, and where: in the loop, just before leaving it, in training
 SEEDS = [pytest.param(seed, marks=[pytest.mark.extended] if seed >= 3 else []) for seed in range(24)]
 

@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-from upstream_suite import series_lines
+from ddp_sigterm_tests.repository import ROOT, tool
 
-PATCHES = Path(__file__).resolve().parent.parent / "patches"
+series_lines = tool("upstream_suite").series_lines
+PATCHES = ROOT / "patches"
 MASTER = PATCHES / "lightning-master"
 RELEASE = PATCHES / "lightning-2.6.6"
 PULLS = series_lines(MASTER / "series")

@@ -31,12 +31,10 @@ import time
 from pathlib import Path
 
 # the tests' job runner, checks and faults: a soak run is a scenario test's job, drawn at random
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
-from helpers import MUST_FINISH, assert_finished, assert_unison_stop
-from injection import Injection, encode, parse
-from scenario import Scenario
+from ddp_sigterm_tests.harness import OutsideSignal, run_job, scontrol_calls, stub_scontrol
+from ddp_sigterm_tests.helpers import MUST_FINISH, assert_finished, assert_unison_stop
+from ddp_sigterm_tests.injection import Injection, encode, parse
+from ddp_sigterm_tests.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 24

@@ -15,7 +15,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from scenario import Job
+from ddp_sigterm_tests.scenario import Job
 
 from ddp_sigterm import StopCoordinator
 

@@ -20,7 +20,7 @@ import threading
 import time
 
 import torch
-from scenario import Job
+from ddp_sigterm_tests.scenario import Job
 from torch.utils.data import DataLoader, Dataset
 
 JOB = Job.read()

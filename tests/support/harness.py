@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from scenario import Job, Scenario
+from ddp_sigterm_tests.scenario import Job, Scenario
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent  # the support package: the jobs run on every rank are here
 SCRIPT = HERE / "scenario_train.py"
 PYTHON = os.environ.get("SCENARIO_PYTHON", sys.executable)
 IMPLEMENTATION = os.environ.get("SCENARIO_IMPLEMENTATION", "package")
@@ -98,7 +98,7 @@ class OutsideSignal:
     workers included, as SLURM does), ``"pods"`` (each started process, not its children: what Kubernetes
     signals, the PID 1 of each pod), ``"rank:R"`` (the process of rank R only; independent and slurm modes,
     and rank 0, the launcher's own process, in lightning mode) or ``"node:N"`` (every process of node N, as a
-    node drain; jobs across tests/nodes.py's nodes). A process that has exited is not signalled."""
+    node drain; jobs across tests/support/nodes.py's nodes). A process that has exited is not signalled."""
 
     rank: int
     batch: int
@@ -357,7 +357,7 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
         for proc in procs.values():
             if proc.poll() is None:
                 signal_pid(proc.pid, outside.signum)
-    elif outside.targets.startswith("node:"):  # a node drain: every process of the node (tests/nodes.py labels)
+    elif outside.targets.startswith("node:"):  # a node drain: every process of the node (tests/support/nodes.py labels)
         node = f"node{outside.targets.split(':')[1]}"
         _signal_trees([proc for label, proc in procs.items() if label.split(".")[0] == node], outside.signum)
     elif outside.targets == "rank:0" and mode == "lightning":  # the launcher's own process is rank 0

@@ -9,8 +9,8 @@ running on the machine, rather than risk disturbing it.
 The partitions: ``low`` (the default; preemptible: ``PreemptMode=REQUEUE``, ``GraceTime``) and ``high``
 (a higher ``PriorityTier``: a job there preempts a ``low`` job that holds the CPUs it needs).
 
-    python tools/slurm_cluster.py up build/slurm     # start it; prints the SLURM_CONF to export
-    python tools/slurm_cluster.py down build/slurm   # stop what `up` started
+    .venv/bin/python -m ddp_sigterm_tests.slurm_cluster up build/slurm     # start it; prints the SLURM_CONF to export
+    .venv/bin/python -m ddp_sigterm_tests.slurm_cluster down build/slurm   # stop what `up` started
 """
 
 from __future__ import annotations
@@ -26,11 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-# the tests' fixtures (standard library only: `up` and `down` run with any python3)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from harness import free_port
-from nodes import Nodes
+from ddp_sigterm_tests.harness import free_port
+from ddp_sigterm_tests.nodes import Nodes
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "scancel", "squeue", "sinfo")
@@ -265,7 +262,7 @@ def configuration(root: Path, nodes: dict[str, str], controller: str, cpus: int,
     node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cpus} RealMemory=1000 State=UNKNOWN\n"
                          for name, address in nodes.items())
     return f"""\
-# Written by tools/slurm_cluster.py: a private cluster for ddp_sigterm's tests.
+# Written by ddp_sigterm_tests.slurm_cluster: a private cluster for ddp_sigterm's tests.
 ClusterName=ddpsigterm
 SlurmctldHost={socket.gethostname().split(".")[0]}({controller})
 SlurmctldPort={ports[0]}
@@ -304,7 +301,7 @@ PartitionName=high Nodes={names} MaxTime=INFINITE State=UP PriorityTier=2 Preemp
 
 def start(root: Path, timeout: float = 60.0, nodes: Nodes | None = None) -> Cluster:
     """Start a fresh cluster in ``root`` (emptied first) and wait until its nodes are idle: this machine,
-    or one slurmd in each of ``nodes``' namespaces (tests/nodes.py), slurmctld on the host at their
+    or one slurmd in each of ``nodes``' namespaces (tests/support/nodes.py), slurmctld on the host at their
     bridge's address."""
     why = existing_cluster()
     if why:

@@ -10,7 +10,7 @@ to reproduce Gloo's pitfalls.
 
 Everything made is written to a ledger file first (``MULTINODE_LEDGER``, default build/multinode/created),
 and removed by name in ``finally``: the processes still in each namespace (``ip netns pids``), the
-namespace, the links, the hosts file. ``python tests/nodes.py cleanup <ledger>`` does the same from the
+namespace, the links, the hosts file. ``python tests/support/nodes.py cleanup <ledger>`` does the same from the
 Makefile's trap, for a run that was killed; it touches nothing the ledger does not name.
 """
 
@@ -25,8 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import SCRIPT, JobResult, OutsideSignal, job_environment, run_commands
-from scenario import Job, Scenario
+from ddp_sigterm_tests.harness import SCRIPT, JobResult, OutsideSignal, job_environment, run_commands
+from ddp_sigterm_tests.scenario import Job, Scenario
 
 REPO = Path(__file__).resolve().parent.parent
 PORT = "29400"  # node 0's, in its own namespace: nothing else listens there
@@ -164,7 +164,7 @@ def job(out: Path, cluster: Nodes, launcher: str, devices: int, scenario: Scenar
         env: dict[str, str] | None = None, outside: OutsideSignal | None = None, timeout: float = 180.0,
         python: str = sys.executable, implementation: str = "package", script: Path = SCRIPT,
         port: str = PORT) -> JobResult:
-    """A scenario job (tests/scenario_train.py running ``scenario``) of ``devices`` ranks on each node, node N's
+    """A scenario job (tests/support/scenario_train.py running ``scenario``) of ``devices`` ranks on each node, node N's
     processes in its namespace, labelled ``nodeN`` (``nodeN.rankR`` when each rank is a process of its own):
     ``torchrun`` (multi-node, c10d rendezvous on node 0), ``independent`` (one process per rank with MASTER_ADDR,
     as srun starts them) or ``lightning`` (one process per node; Lightning's launcher starts the node's other
@@ -193,6 +193,6 @@ def job(out: Path, cluster: Nodes, launcher: str, devices: int, scenario: Scenar
 if __name__ == "__main__":
     if sys.argv[1:2] == ["cleanup"]:
         for what in cleanup(Path(sys.argv[2]) if len(sys.argv) > 2 else LEDGER):
-            print(f"tests/nodes.py: removed {what}")
+            print(f"tests/support/nodes.py: removed {what}")
     else:
-        sys.exit("usage: python tests/nodes.py cleanup [ledger]")
+        sys.exit("usage: python tests/support/nodes.py cleanup [ledger]")

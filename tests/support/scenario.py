@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import injection
+from ddp_sigterm_tests import injection
 
 VARIABLE = "SCENARIO"
 STAGES = ("fit", "validate", "test", "predict", "all")
@@ -26,7 +26,7 @@ IMPLEMENTATIONS = ("package", "patched")
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A training job of tests/scenario_train.py (tests/plain_loop.py reads the fields it has): what it trains,
+    """A training job of scenario_train.py (plain_loop.py reads the fields it has): what it trains,
     how long its steps take, and the faults it sends itself. The defaults: a fit of 12 steps of 20 ms, no
     signal."""
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from harness import EXPECT_LIGHTNING, IMPLEMENTATION, JobResult, run_job, signal_pid, stop_checkpoints
-from scenario import Scenario
+from ddp_sigterm_tests.harness import EXPECT_LIGHTNING, IMPLEMENTATION, JobResult, run_job, signal_pid, stop_checkpoints
+from ddp_sigterm_tests.scenario import Scenario
 
 # What must finish gets a generous bound (2 busy cores); what must not hang has its own, short one.
 MUST_FINISH = 180.0
@@ -119,7 +119,7 @@ def assert_signalled_yet_finished(result: JobResult, steps: int) -> None:
 
 def fit(tmp: Path, scenario: Scenario | None = None, *, mode: str = "independent", world_size: int = 2,
         env: dict[str, str] | None = None) -> JobResult:
-    """A scenario job (tests/scenario_train.py) that must finish within MUST_FINISH seconds; ``env``: environment
+    """A scenario job (support/scenario_train.py) that must finish within MUST_FINISH seconds; ``env``: environment
     variables of its processes (the package's settings)."""
     return run_job(tmp, scenario, mode=mode, world_size=world_size, timeout=MUST_FINISH, env=env)
 
@@ -134,7 +134,7 @@ def torchrun_restarts(max_restarts: int = 3) -> dict[str, str]:
 
 
 def assert_plain_loop_stopped(result: JobResult, ranks: tuple[int, ...] = (0, 1)) -> int:
-    """The plain loop (tests/plain_loop.py) stopped on ``ranks`` at the same step with exit 128 + SIGTERM, the
+    """The plain loop (tests/support/plain_loop.py) stopped on ``ranks`` at the same step with exit 128 + SIGTERM, the
     same decision on each, and rank 0 saved that step, once; returns the step."""
     why = result.describe()
     assert not result.timed_out, f"job did not finish within {MUST_FINISH}s (deadlock?)\n{why}"
