@@ -22,7 +22,8 @@ What outlives one runtime is module state, here too:
   its parent's watch.
 * **At exit**: DataLoader workers that block SIGTERM are killed (multiprocessing's exit function
   would send them SIGTERM and wait forever), registered only while a recorder is active or such a
-  worker lives; after a stop of a multi-process run, the default gloo group is destroyed.
+  worker lives; after a stop of a multi-process run, the default gloo group is destroyed; a heartbeat
+  still running (the process exits without ``close()``) is ended first.
 
 The way out after a stop of several ranks, 128 + the signal, is kept by :meth:`Runtime.close` (the
 stop signals ignored until the process exits, the default gloo group destroyed at exit) and, in
@@ -102,6 +103,7 @@ class Runtime:
         _block_in_dataloader_workers(self.recorder.signals)
         if heartbeat is not None:
             self._heartbeat = heartbeat, _thread(heartbeat.beat, "heartbeat")
+            atexit.register(self._end_heartbeat_at_exit, os.getpid())
         if deadline is not None and threading.current_thread() is threading.main_thread():
             reader, writer = socket.socketpair()
             writer.setblocking(False)
@@ -146,6 +148,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._end_heartbeat_at_exit)
         failing = sys.exc_info()[1] is not None
         for signum, previous in self._previous.items():
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
@@ -181,6 +184,14 @@ class Runtime:
         if deadline.armed_at is None or not keep_armed:
             deadline.end(close_writer=main)  # elsewhere the wakeup fd still points at the writer: keep it open
             thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
+
+    def _end_heartbeat_at_exit(self, owner: int) -> None:
+        """The process exits without :meth:`close` (a rank ``ddp_spawn`` started: its ``fit`` runs without
+        Lightning's exception handling; a crash): end the heartbeat first. Its thread, inside a collective while
+        the interpreter finalizes, would abort the process ("terminate called without an active exception")
+        when it takes the GIL back. Not in a forked child, which has no such thread."""
+        if os.getpid() == owner:
+            self._end_heartbeat()
 
     def _end_heartbeat(self) -> dist.ProcessGroup | None:
         """End the heartbeat and give its group back, waiting up to a period and :data:`_CLOSE_SECONDS` for

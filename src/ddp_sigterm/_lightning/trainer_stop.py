@@ -236,6 +236,18 @@ class TrainerStop(Integration):
         step = trainer.global_step
         if coordinator is None or not stops(step) or (decision := coordinator.decision) is None:
             return
+        try:
+            exception = self._stop(trainer, coordinator, decision, step)
+        finally:
+            # Closed here, on every rank at the same point, whatever the stop's save did: a rank that ddp_spawn
+            # started runs fit without Lightning's exception handling (only the launching process calls
+            # on_exception), so no other hook would close it there, and its heartbeat still beating while the
+            # interpreter finalizes aborts the rank (issue 36, finding 8). on_exception's close is then a no-op.
+            self._close()
+        raise exception
+
+    def _stop(self, trainer: Any, coordinator: StopCoordinator, decision: StopDecision, step: int) -> BaseException:
+        """The agreed stop's work on this rank: the stop checkpoint, the requeue; returns the exception to raise."""
         # Lightning puts its saved handlers back at teardown, after this callback has closed: make that
         # SIG_IGN for the signals the runtime ignores after a stop, so a late signal cannot change the exit code.
         internals.mark_stopped(trainer, coordinator.ignored_after_stop)
@@ -249,7 +261,7 @@ class TrainerStop(Integration):
         self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = self.lightning.sigterm_exception(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]  # what every rank agreed, for the curious
-        raise exception
+        return exception
 
 
 def _same_world(world_size: int) -> bool:
