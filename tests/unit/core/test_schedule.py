@@ -53,7 +53,7 @@ class Rank:
     signal_at: int | None
     signalled: bool = False
     decision: StopDecision | None = None
-    where: tuple[str, int] | None = None  # the loop and boundary within it where it stopped
+    where: tuple[int, str, int] | None = None  # where it stopped: the loop's place in the plan, its name, the boundary
     book: HeartbeatBook = dataclasses.field(default_factory=HeartbeatBook)
 
 
@@ -78,7 +78,7 @@ class Job:
         """What the coordinator does on one rank, at each boundary of the plan."""
         sched = StopSchedule(alone=len(self.ranks) == 1)
         passed = 0
-        for loop, boundaries, uneven in rank.plan:
+        for number, (loop, boundaries, uneven) in enumerate(rank.plan):
             for index in range(boundaries):
                 passed += 1
                 if rank.signal_at == passed:
@@ -88,20 +88,20 @@ class Job:
                     yield
                 if sched.agrees_here(rank.book.requested, rank.signalled):
                     vote = yield from self._agree(rank, sched, in_loop=True)
-                    if self._stopped(rank, sched, vote, (loop, index)):
+                    if self._stopped(rank, sched, vote, (number, loop, index)):
                         return
                 yield
             if uneven:
                 vote = yield from self._agree(rank, sched, in_loop=False)
                 while StopSchedule.leaving_again(vote):
                     vote = yield from self._agree(rank, sched, in_loop=False)
-                if self._stopped(rank, sched, vote, (loop, -1)):
+                if self._stopped(rank, sched, vote, (number, loop, -1)):
                     return
         vote = yield from self._agree(rank, sched, in_loop=True)  # decide_now at the end of the run
-        self._stopped(rank, sched, vote, ("end", -1))
+        self._stopped(rank, sched, vote, (len(rank.plan), "end", -1))
 
     @staticmethod
-    def _stopped(rank: Rank, sched: StopSchedule, vote: Vote, where: tuple[str, int]) -> bool:
+    def _stopped(rank: Rank, sched: StopSchedule, vote: Vote, where: tuple[int, str, int]) -> bool:
         """Give the vote to the schedule; record where the rank stopped, if it did."""
         rank.decision = sched.voted(vote, 0.0, None)
         assert (sched.state is State.STOPPED) == (rank.decision is not None), sched.state
@@ -150,13 +150,21 @@ def _plans(rng: random.Random, ranks: int) -> list[list[tuple[str, int, bool]]]:
 
 
 def _assert_unison(job: Job) -> None:
-    decisions = {rank.rank: rank.decision for rank in job.ranks}
-    first = job.ranks[0].decision
+    """Every rank stops, or none; the same decision; and at the same place of the run: the same loop and, in a
+    loop of the same length on every rank (training), the same boundary of it. (The decision's ``boundary`` is
+    the vote's, the same everywhere by construction: where each rank was when it voted is what can differ.)"""
+    decisions = {rank.rank: (rank.decision, rank.where) for rank in job.ranks}
+    first = job.ranks[0]
     for rank in job.ranks:
-        assert (rank.decision is None) == (first is None), decisions
-        if first is not None and rank.decision is not None:
+        assert (rank.decision is None) == (first.decision is None), decisions
+        if first.decision is not None and rank.decision is not None:
             same = (rank.decision.signum, rank.decision.boundary, rank.decision.signalled_rank)
-            assert same == (first.signum, first.boundary, first.signalled_rank), decisions
+            assert same == (first.decision.signum, first.decision.boundary, first.decision.signalled_rank), decisions
+            assert rank.where is not None
+            assert first.where is not None
+            assert rank.where[:2] == first.where[:2], f"stopped in different loops: {decisions}"
+            if first.where[1] != "val":  # an uneven loop: a rank may stop in it or having left it
+                assert rank.where == first.where, f"stopped at different boundaries: {decisions}"
 
 
 @pytest.mark.parametrize("seed", range(300))
@@ -191,7 +199,7 @@ def test_alone_a_rank_stops_at_the_boundary_after_its_signal() -> None:
     job.run()
     (rank,) = job.ranks
     assert rank.decision is not None
-    assert (rank.decision.boundary, rank.where) == (3, ("train", 2))
+    assert (rank.decision.boundary, rank.where) == (3, (0, "train", 2))
     assert rank.decision.boundaries_since_signal == 0
 
 
@@ -218,9 +226,19 @@ def test_the_simulation_catches_ranks_that_stop_at_different_boundaries(monkeypa
 def test_the_simulation_catches_a_rank_already_past_the_named_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no lead (a rank need not read a heartbeat's result before the boundary after the one it
     reported), a rank can be past the boundary the heartbeat names when it learns of it: it asks for the
-    agreement one boundary after the others, and some seed must leave a rank waiting in an agreement that
-    the others never make."""
+    agreement one boundary after the others, and some seed must stop it a step after them (or leave it waiting
+    in an agreement that the others never make)."""
     monkeypatch.setattr(schedule, "LEAD", 0)
     failure = _first_failure()
     assert failure is not None
-    assert "deadlock" in failure
+    assert "stopped in different loops" in failure or "stopped at different boundaries" in failure or \
+        "deadlock" in failure, failure
+
+
+def test_the_simulation_catches_a_rank_that_does_not_wait_for_the_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """heartbeat.passing must wait for the result in flight before a rank passes the boundary it guards: a rank
+    that never waits can learn of the named boundary after passing it, and some seed must stop it a step late."""
+    monkeypatch.setattr(HeartbeatBook, "passing", lambda self, boundary: setattr(self, "boundary", boundary))
+    failure = _first_failure()
+    assert failure is not None
+    assert "stopped in different loops" in failure or "stopped at different boundaries" in failure, failure
