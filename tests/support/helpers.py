@@ -13,7 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from ddp_sigterm_tests.harness import EXPECT_LIGHTNING, IMPLEMENTATION, JobResult, run_job, signal_pid, stop_checkpoints
+from ddp_sigterm_tests.harness import (
+    EXPECT_LIGHTNING,
+    IMPLEMENTATION,
+    JobResult,
+    free_port,
+    run_job,
+    signal_pid,
+    stop_checkpoints,
+)
 from ddp_sigterm_tests.scenario import Scenario
 
 # What must finish gets a generous bound (2 busy cores); what must not hang has its own, short one.
@@ -127,8 +135,6 @@ def fit(tmp: Path, scenario: Scenario | None = None, *, mode: str = "independent
 def torchrun_restarts(max_restarts: int = 3) -> dict[str, str]:
     """The environment of ``torchrun --max-restarts=N`` with the workaround of docs/torchrun.md: the c10d
     rendezvous, and a store of its own for each attempt (torchrun reads ``PET_<FLAG>`` for a flag not given)."""
-    from harness import free_port
-
     return {"PET_MAX_RESTARTS": str(max_restarts), "PET_RDZV_BACKEND": "c10d",
             "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 

@@ -69,6 +69,7 @@ class StopCoordinator:
         self._schedule = StopSchedule(alone=True)  # replaced at start() by the one of the agreement's ranks
         self._activity: str | None = None  # what this rank waits for, if not the next step boundary (see waiting_for)
         self._stepped_aside: str | None = None
+        self._began = False
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self, install_handlers: bool = True) -> None:
@@ -79,8 +80,9 @@ class StopCoordinator:
         coordinator never stops. If the groups cannot be made within ``connect_timeout`` on every rank, it
         does none of it either, on every rank: it warns once and steps aside (``acting`` is False,
         ``stepped_aside`` says why). Safe to call twice."""
-        if not self.settings.enabled or self._agreement is not None:
+        if not self.settings.enabled or self._began:
             return
+        self._began = True
         log.activate(self.settings.log_level)
         deadline = None
         if not (self._distributed and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -138,6 +140,9 @@ class StopCoordinator:
         stopped, rank = self.decision is not None, self.rank
         self._runtime.close(stopped, leaving=stopped and self.world_size > 1,
                             destroy_default_group=self.settings.destroy_at_exit, redeliver=redeliver)
+        # The heartbeat's thread reads this coordinator through a closure: dropping both ends the cycle now, so that
+        # the groups' objects go with the run, not with the interpreter's last garbage collection at exit.
+        self._heartbeat = self._agreement = None
         log.logger.debug("rank %d: closed (%s)", rank, "after the agreed stop" if stopped else "no stop")
 
     # -- what it records -------------------------------------------------------------------------
