@@ -14,6 +14,10 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 # each). VERSIONS=<release> runs one of them, as each job of the CI's matrix does.
 INTERNALS := src/ddp_sigterm/_lightning/internals.py
 VERSIONS := $(shell sed -n 's/^CHECKED *= *(\(.*\)).*/\1/p' $(INTERNALS) | tr -d '",')
+# The release requirements/constraints.txt pins is in $(VENV) already: make test-versions runs it there, and builds a
+# venv of its own for each other release.
+PINNED := $(shell sed -n 's/^lightning==//p' requirements/constraints.txt)
+release_venv = $(if $(filter $(PINNED),$(1)),$(VENV),.venv-lightning-$(1))
 TORCH := $(shell sed -n 's/^torch==//p' requirements/constraints.txt)
 # The scenarios (and the Trainer example) marked patched, run by the patched Lightning (no ddp_sigterm there;
 # the version is asserted), then the test the patch series adds to Lightning's own suite.
@@ -104,9 +108,9 @@ $(VENV)/.lint-installed: $(VENV)/.installed requirements/lint.txt
 	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/lint.txt
 	touch $@
 
-# make test-versions' venvs, one per release, with both lightning and pytorch-lightning of that release. torch is
-# shared: installed once in $(VENV_TORCH), whose site-packages each release's venv sees through a .pth file (pip
-# there counts it as installed), so a release costs its own few packages, not a torch.
+# make test-versions' venvs, one per release but the pinned one, with both lightning and pytorch-lightning of that
+# release. torch is shared: installed once in $(VENV_TORCH), whose site-packages each release's venv sees through a
+# .pth file (pip there counts it as installed), so a release costs its own few packages, not a torch.
 $(VENV_TORCH)/.installed: requirements/constraints.txt
 	rm -rf $(VENV_TORCH)
 	$(PYTHON) -m venv $(VENV_TORCH)
@@ -191,14 +195,15 @@ lint: $(VENV)/.lint-installed
 # On every release of $(VERSIONS): the canary (every Lightning internal the package reaches is there, for both
 # distributions, run by that release's Python) and the scenarios marked `versions` (rank 0 and rank 1 signalled at
 # batch 2, then resume, for lightning.pytorch and pytorch_lightning; the release is asserted in each rank's outcome).
-test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),.venv-lightning-$(v)/.installed)
+test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),$(call release_venv,$(v))/.installed)
 	@test -n "$(VERSIONS)" || { echo "error: no releases in VERSIONS (none read from CHECKED in $(INTERNALS))" >&2; \
 		exit 1; }
 	@set -e; for v in $(VERSIONS); do \
-		echo "== Lightning $$v"; \
-		CANARY_DISTRIBUTIONS=lightning,pytorch_lightning .venv-lightning-$$v/bin/python -m pytest -ra -q \
+		venv=.venv-lightning-$$v; [ "$$v" != "$(PINNED)" ] || venv=$(VENV); \
+		echo "== Lightning $$v ($$venv)"; \
+		CANARY_DISTRIBUTIONS=lightning,pytorch_lightning $$venv/bin/python -m pytest -ra -q \
 			-p no:cacheprovider tests/test_internals.py; \
-		SCENARIO_PYTHON=$(CURDIR)/.venv-lightning-$$v/bin/python SCENARIO_EXPECT_LIGHTNING=$$v \
+		SCENARIO_PYTHON=$(CURDIR)/$$venv/bin/python SCENARIO_EXPECT_LIGHTNING=$$v \
 			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
 	done
 
