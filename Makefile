@@ -9,6 +9,11 @@ PATCHED_RELEASE := $(shell sed -n 's/^VERSION=//p' patches/build.sh)
 SERIES := patches/lightning-$(PATCHED_RELEASE)
 PATCHED_WHEEL := dist/lightning-$(PATCHED_RELEASE)+ddpsigterm-py3-none-any.whl
 PIP_FLAGS := --quiet --disable-pip-version-check
+# The jobs of make test, test-extended, test-versions and test-patched run WORKERS at a time (pytest-xdist): a job
+# keeps a core busy only part of its time (start-up, checkpoints, a signal's wait). SLURM and the network namespaces
+# run one at a time (one cluster, one set of nodes).
+WORKERS ?= 2
+PYTEST := -m pytest -ra -n $(WORKERS)
 # The Lightning releases make test-versions runs on (lightning and pytorch_lightning, each venv has both): those the
 # package's Lightning internals were checked against, listed once, as CHECKED in $(INTERNALS) (README.md says why
 # each). VERSIONS=<release> runs one of them, as each job of the CI's matrix does.
@@ -22,7 +27,7 @@ TORCH := $(shell sed -n 's/^torch==//p' requirements/constraints.txt)
 # The scenarios (and the Trainer example) marked patched, run by the patched Lightning (no ddp_sigterm there;
 # the version is asserted), then the test the patch series adds to Lightning's own suite.
 PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_IMPLEMENTATION=patched \
-	SCENARIO_EXPECT_LIGHTNING=$(PATCHED_RELEASE)+ddpsigterm $(VENV)/bin/python -m pytest -ra -m patched \
+	SCENARIO_EXPECT_LIGHTNING=$(PATCHED_RELEASE)+ddpsigterm $(VENV)/bin/python $(PYTEST) -m patched \
 	tests/test_scenarios.py tests/test_examples.py
 # Lightning's own tests of what the series changes, from its 2.6.5 tests with the series' tests/ hunks applied
 # (patches/build.sh --tests): the test_auto_restart_under_signal cases, the signal connector's tests, the
@@ -185,7 +190,7 @@ patched-lightning: $(VENV_PATCHED)/.installed
 # pins (pyproject.toml's addopts leave out the targets below: the release matrix, the extended matrices and
 # repetitions, SLURM).
 test: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -ra
+	$(VENV)/bin/python $(PYTEST)
 
 # ruff (Lightning's rule set) on everything, mypy --strict on src/.
 lint: $(VENV)/.lint-installed
@@ -204,14 +209,14 @@ test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),$(call release_venv,$(
 		CANARY_DISTRIBUTIONS=lightning,pytorch_lightning $$venv/bin/python -m pytest -ra -q \
 			-p no:cacheprovider tests/test_internals.py; \
 		SCENARIO_PYTHON=$(CURDIR)/$$venv/bin/python SCENARIO_EXPECT_LIGHTNING=$$v \
-			$(VENV)/bin/python -m pytest -ra -q -m versions tests/test_scenarios.py; \
+			$(VENV)/bin/python $(PYTEST) -q -m versions tests/test_scenarios.py; \
 	done
 
 # What make test leaves out to stay short: jobs repeated to catch what happens now and then (gloo's abort at
 # exit), the stop signals other than SIGTERM and SIGINT, the examples' second launchers, more seeds of the
 # uneven-loop test.
 test-extended: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -ra -m extended
+	$(VENV)/bin/python $(PYTEST) -m extended
 
 test-unit: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -ra -m "not scenario and not slurm"
