@@ -34,6 +34,7 @@ Tests failing in both trees are notes (this machine's environment).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -433,9 +434,16 @@ def compare_trees(args: argparse.Namespace) -> int:
     selection = [*args.files, *added]
     args.out.mkdir(parents=True, exist_ok=True)
     sides = (("unpatched", unpatched_tree, unpatched_python), ("patched", patched_tree, patched_python))
-    # -rR: pytest-rerunfailures names the tests it reran (the junit report does not)
-    runs = [run(name, tree / "tests", present(selection, tree / "tests", name), {}, args.out, python=python,
-                options=("-rR",)) for name, tree, python in sides]
+
+    def run_side(name: str, tree: Path, python: str) -> Run:
+        # -rR: pytest-rerunfailures names the tests it reran (the junit report does not)
+        return run(name, tree / "tests", present(selection, tree / "tests", name), {}, args.out, python=python,
+                   options=("-rR",))
+
+    # The two trees at once: each pytest keeps about one of the machine's cores busy. A test that passed unpatched and
+    # failed patched is run again below, in both trees, one after the other, before it counts.
+    with concurrent.futures.ThreadPoolExecutor(len(sides)) as pool:
+        runs = list(pool.map(run_side, *zip(*sides)))
     # the series' standalone tests, skipped in the runs above, one by one in each tree that has them
     runs = [dataclasses.replace(run_, outcomes={**run_.outcomes, **run_standalone(
         run_.name, tree / "tests", present(series_files, tree / "tests", run_.name), args.out, python)})
