@@ -56,7 +56,7 @@ class Deadline:
         self._why = ""
         self._requests = 0
         self._last_signal = -math.inf
-        self._previous_fd = -1
+        self.previous_fd = -1  # the wakeup fd the runtime replaced with the writer; each signal goes on to it
         self._reader: socket.socket | None = None
         self._writer: socket.socket | None = None
         self._closing = False
@@ -64,7 +64,7 @@ class Deadline:
     def listen(self, reader: socket.socket, writer: socket.socket, previous_fd: int) -> None:
         """The wakeup fd's socket pair (the interpreter writes each signal's number to ``writer``), and
         the wakeup fd it replaced, to which each signal is passed on."""
-        self._reader, self._writer, self._previous_fd = reader, writer, previous_fd
+        self._reader, self._writer, self.previous_fd = reader, writer, previous_fd
 
     def ends(self) -> tuple[socket.socket, ...]:
         return tuple(end for end in (self._reader, self._writer) if end is not None)
@@ -115,9 +115,9 @@ class Deadline:
 
     def _received(self, data: bytes) -> None:
         for signum in data:
-            if self._previous_fd >= 0 and signum:  # someone else (asyncio) also watches signals
+            if self.previous_fd >= 0 and signum:  # someone else (asyncio) also watches signals
                 with contextlib.suppress(OSError):
-                    os.write(self._previous_fd, bytes([signum]))
+                    os.write(self.previous_fd, bytes([signum]))
             if signum not in self.signals:
                 continue
             now = time.monotonic()

@@ -80,7 +80,7 @@ class Runtime:
         self._previous: dict[int, Handler] = {}  # the handlers the recording handler replaced
         self._groups: list[dist.ProcessGroup] = []
         self._heartbeat: tuple[Heartbeat, threading.Thread] | None = None
-        self._deadline: tuple[Deadline, threading.Thread, int] | None = None  # and the wakeup fd it replaced
+        self._deadline: tuple[Deadline, threading.Thread] | None = None
         self._started = self._closed = False
 
     # -- start ---------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class Runtime:
             previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
             _close_in_forked_children(reader, writer)
             deadline.listen(reader, writer, previous_fd)
-            self._deadline = deadline, _thread(deadline.watch, "deadline"), previous_fd
+            self._deadline = deadline, _thread(deadline.watch, "deadline")
         if handlers:
             self.install_handlers()
 
@@ -175,12 +175,12 @@ class Runtime:
         stop the process is on its way out, and the bound holds until it is gone."""
         if self._deadline is None:
             return
-        deadline, thread, previous_fd = self._deadline
+        deadline, thread = self._deadline
         self._deadline = None
         _keep_in_forked_children(*deadline.ends())
         main = threading.current_thread() is threading.main_thread()
         if main:
-            signal.set_wakeup_fd(previous_fd)
+            signal.set_wakeup_fd(deadline.previous_fd)
         if deadline.armed_at is None or not keep_armed:
             deadline.end(close_writer=main)  # elsewhere the wakeup fd still points at the writer: keep it open
             thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
