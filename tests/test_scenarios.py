@@ -108,6 +108,27 @@ def test_ddp_spawn_stop_exits_143_every_time(tmp_path: Path, run: int) -> None:
     _assert_spawned_stop_exits_143(result)
 
 
+@pytest.mark.extended  # 5 jobs of ~15 s
+@pytest.mark.xfail(reason="a spawned rank that crashes still aborts at its exit now and then: measured at a 10 ms "
+                          "heartbeat, 5 runs in 10 without the runtime's exit function, 2 in 25 with it; the cause of "
+                          "the rest is not found (issue 36)", strict=False)
+@pytest.mark.parametrize("run", range(5))
+def test_ddp_spawn_crash_ends_the_heartbeat_before_the_exit(tmp_path: Path, run: int) -> None:
+    """Every spawned rank raises at step 3, no signal: each leaves through torch's ``sys.exit(1)`` with its
+    coordinator open (``fit`` runs there without Lightning's exception handling, so nothing closes it). The runtime's
+    exit function ends the heartbeat before the interpreter finalizes; without it, the heartbeat (every 10 ms here)
+    aborted a rank now and then ("terminate called without an active exception")."""
+    crash = Scenario(strategy="ddp_spawn", raise_at_step=3)
+    result = fit(tmp_path, crash, mode="lightning", env={"DDP_SIGTERM_MAX_DELAY": "0.02"})
+    why = result.describe()
+    assert not result.timed_out, why
+    assert result.returncodes == {"launcher": 1}, why
+    log = result.log("launcher")
+    assert "crashes at step 3 (raise_at_step)" in log, why
+    assert "terminate called" not in log, why
+    assert "terminated with signal" not in log, why  # torch's report of a rank killed by a signal (SIGABRT)
+
+
 def _assert_spawned_stop_exits_143(result: JobResult) -> None:
     why = result.describe()
     assert not result.timed_out, why

@@ -80,6 +80,9 @@ class Scenario:
     fail_save_on_rank: int | None = None
     """This rank cannot gather its part of the checkpoint: the model's ``on_save_checkpoint`` raises there (after
     rank 0 may have written its part)."""
+    raise_at_step: int | None = None
+    """Every rank's training step raises RuntimeError when ``trainer.global_step`` is this: a crash, with no signal
+    (read from the Trainer: under ``ddp_spawn`` a rank's module-level state is not its callbacks')."""
     inject: str = ""
     """The signals the job sends itself, each once: ``rank:batch[:phase[:SIGNAL]]`` entries separated by ``;``
     (see injection.py), checked when the scenario is made."""

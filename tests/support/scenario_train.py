@@ -89,6 +89,8 @@ class Model(pl.LightningModule):
         injector.at("forward")
         slow = SCENARIO.slow_phase
         time.sleep(slow[1] if slow and injector.batch >= slow[0] else SCENARIO.step_sleep)
+        if self.global_step == SCENARIO.raise_at_step:
+            raise RuntimeError(f"rank {self.global_rank} crashes at step {self.global_step} (raise_at_step)")
         x, y = batch
         if SCENARIO.data_by_step:
             generator = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
