@@ -203,8 +203,8 @@ lint: $(VENV)/.lint-installed
 test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),$(call release_venv,$(v))/.installed)
 	@test -n "$(VERSIONS)" || { echo "error: no releases in VERSIONS (none read from CHECKED in $(INTERNALS))" >&2; \
 		exit 1; }
-	@set -e; for v in $(VERSIONS); do \
-		venv=.venv-lightning-$$v; [ "$$v" != "$(PINNED)" ] || venv=$(VENV); \
+	@set -e; for release in $(foreach v,$(VERSIONS),$(v):$(call release_venv,$(v))); do \
+		v=$${release%%:*}; venv=$${release#*:}; \
 		echo "== Lightning $$v ($$venv)"; \
 		CANARY_DISTRIBUTIONS=lightning,pytorch_lightning $$venv/bin/python -m pytest -ra -q \
 			-p no:cacheprovider tests/test_internals.py; \
