@@ -63,13 +63,20 @@ def requeue(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> 
     return job
 
 
+# scontrol runs inside the job's step, and SLURM signals every process of the step when the job is requeued: the
+# requeue's own SIGTERM can reach ``scontrol requeue`` after slurmctld has requeued the job and before scontrol has
+# exited (seen in CI: exit code -15, the job requeued). The rank is stopping already; scontrol starts with SIGTERM
+# ignored (kept across exec), so that it finishes and reports what slurmctld did. Its timeout still ends it.
+_IGNORING_SIGTERM = ("/bin/sh", "-c", 'trap "" TERM; exec scontrol "$@"', "scontrol")
+
+
 def _scontrol(*args: str, timeout: float) -> str:
     """``scontrol``'s output, or :class:`RequeueError` with the command and its error."""
     command = ["scontrol", *args]
     try:
         # times as YYYY-MM-DDTHH:MM:SS, whatever the user's SLURM_TIME_FORMAT (preempted() compares them as text)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
-                              env={**os.environ, "SLURM_TIME_FORMAT": "standard"})
+        done = subprocess.run([*_IGNORING_SIGTERM, *args], capture_output=True, text=True, timeout=timeout,
+                              check=False, env={**os.environ, "SLURM_TIME_FORMAT": "standard"})
     except (OSError, subprocess.TimeoutExpired) as error:
         raise RequeueError(f"ddp_sigterm: {' '.join(command)} could not run: {error}") from error
     if done.returncode != 0:

@@ -40,3 +40,23 @@ def test_slurm_tells_a_preemption_from_other_sigterms(tmp_path: Path, monkeypatc
     assert slurm.preempted({"SLURM_JOB_ID": "77"}) == preempted
     with pytest.raises(slurm.RequeueError, match="scontrol show job --oneliner 78 failed with exit code 3"):
         slurm.preempted({"SLURM_JOB_ID": "78"})
+
+
+def test_scontrol_requeue_outlives_the_sigterm_of_the_requeue_it_asked_for(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM signals every process of the job's step when it requeues the job, ``scontrol requeue`` too: in CI it once
+    died of that SIGTERM (exit code -15) after slurmctld had requeued the job, and every rank exited 200 for a requeue
+    that had happened. The stand-in sends itself SIGTERM, as slurmstepd would, then answers: scontrol must finish.
+    A stand-in that is not there raises :class:`RequeueError` with the shell's reason."""
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text('#!/bin/sh\n[ "$*" = "requeue 77" ] || exit 3\nkill -TERM $$\nsleep 0.2\n'
+                        'echo "$$ outlived SIGTERM" > "$(dirname "$0")/answered"\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert slurm.requeue({"SLURM_JOB_ID": "77"}) == "77"
+    assert "outlived SIGTERM" in (tmp_path / "answered").read_text()
+    with pytest.raises(slurm.RequeueError, match="scontrol requeue 78 failed with exit code 3"):
+        slurm.requeue({"SLURM_JOB_ID": "78"})
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(slurm.RequeueError, match="scontrol requeue 77 failed with exit code 127: .*scontrol.*not found"):
+        slurm.requeue({"SLURM_JOB_ID": "77"})
