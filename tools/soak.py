@@ -172,7 +172,7 @@ def _section(rows: list[dict], failures: list[int], seed: int, minutes: float) -
     versions = ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("torch", "lightning"))
     return f"""Last recorded soak: `{make}`: **{len(rows)} runs, {len(failures)} failed**, \
 {minutes:.0f} minutes on the 2-core machine; Python {platform.python_version()}, {versions}. \
-CI runs `make soak N=10` with a new seed each time.
+CI runs `make soak N=6` with a new seed each time.
 
 | drawn | runs |
 |---|---|
