@@ -6,7 +6,8 @@ which with a stuck peer is the process-group timeout (30 minutes by default). So
 a thread of its own, woken through the interpreter's wakeup file descriptor: CPython's C-level
 handler writes the signal number there the moment the signal arrives, whatever the main thread is
 doing. From the first stop signal (or, on a rank that was not signalled, from the agreed stop) the
-process has ``stop_deadline`` seconds to exit. Past it, or at the third stop request (signals
+process has ``stop_deadline`` seconds to exit, or less where a cloud's preemption notice gives a sooner
+time (:mod:`ddp_sigterm._core.notices`). Past it, or at the third stop request (signals
 less than a second apart count as one), the thread
 writes what the main thread was waiting for to stderr and ends the process with ``os._exit(201)``:
 no clean-up that could block again; the kernel closes the process's connections, which its peers
@@ -53,6 +54,7 @@ class Deadline:
         self.signals = frozenset(signals)
         self._who, self._activity = who, activity
         self.armed_at: float | None = None
+        self.bound = seconds  # from armed_at: seconds, or less if what armed it has a sooner end
         self._why = ""
         self._requests = 0
         self._last_signal = -math.inf
@@ -69,10 +71,14 @@ class Deadline:
     def ends(self) -> tuple[socket.socket, ...]:
         return tuple(end for end in (self._reader, self._writer) if end is not None)
 
-    def arm(self, since: float, why: str) -> None:
-        """Start the countdown at ``since`` (``time.monotonic()``) unless a signal already did."""
+    def arm(self, since: float, why: str, within: float = math.inf) -> None:
+        """Start the countdown at ``since`` (``time.monotonic()``) unless something already did; ``within``:
+        seconds from ``since`` to an end that ``why`` gives (a notice's time), if sooner than ``seconds``."""
         if self.armed_at is None:
             self.armed_at, self._why = since, why
+            if within < self.seconds:
+                self.bound = max(within, 0.0)
+                self._why += f" (its time, sooner than stop_deadline={self.seconds:g} s)"
             self._wake()
 
     def end(self, close_writer: bool) -> None:
@@ -101,13 +107,14 @@ class Deadline:
         while not self._closing:
             timeout = None
             if self.armed_at is not None:
-                if math.isinf(self.seconds):
+                if math.isinf(self.bound):
                     timeout = None
                 else:
-                    timeout = self.armed_at + self.seconds - time.monotonic()
+                    timeout = self.armed_at + self.bound - time.monotonic()
                     if timeout <= 0:
-                        self._give_up(f"the stop did not complete within stop_deadline={self.seconds:g} s "
-                                      f"of {self._why}")
+                        limit = f"stop_deadline={self.seconds:g} s" if self.bound == self.seconds else \
+                            f"{self.bound:.1f} s"
+                        self._give_up(f"the stop did not complete within {limit} of {self._why}")
             readable, _, _ = select.select([reader], [], [], timeout)
             if readable:
                 self._received(reader.recv(256))
