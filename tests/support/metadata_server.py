@@ -33,14 +33,16 @@ class MetadataServer:
     """``cloud``'s service. ``notice``: AWS, the instance-action JSON (None: 404); GCE, whether ``preempted``
     is TRUE; Azure, the list of scheduled events. ``imdsv2`` (AWS): ``"required"`` (a request without a
     token gets 401), ``"optional"``, or ``"absent"`` (no token service: IMDSv1 only). ``delay``: seconds
-    before each answer; ``token_delay`` (AWS): before the token's only (in a container one hop too far, its
-    answer never comes back). ``garbage``: answer 200 with an HTML page to every request. Header names are
-    kept in lower case."""
+    before each answer; ``token_delay`` (AWS): before the token's only (in a container one hop too far,
+    its answer never comes back). ``quiet_for``: the number of first requests answered as if there were
+    no notice (a job's notice then comes some polls into its run). ``garbage``: answer 200 with an HTML
+    page to every request. Header names are kept in lower case."""
 
     def __init__(self, cloud: str, vm_name: str = "trainer-vm-1", imdsv2: str = "required") -> None:
         self.cloud, self.vm_name, self.imdsv2 = cloud, vm_name, imdsv2
         self.notice: Any = [] if cloud == "azure" else None
         self.delay = self.token_delay = 0.0
+        self.quiet_for = 0
         self.garbage = False
         self.redirect_to: str | None = None
         self.requests: list[Request] = []
@@ -86,6 +88,10 @@ class MetadataServer:
         query = dict(urllib.parse.parse_qsl(route.query))
         return getattr(self, f"_{self.cloud}")(method, route.path, query, headers)
 
+    def _notice(self) -> Any:
+        with self._lock:
+            return self.notice if len(self.requests) > self.quiet_for else None
+
     def _aws(self, method: str, path: str, _query: dict[str, str], headers: dict[str, str]) -> tuple[int, dict, bytes]:
         if path == "/latest/api/token" and method == "PUT":
             if self.imdsv2 == "absent":
@@ -104,9 +110,10 @@ class MetadataServer:
                 known = token in self.tokens
             if (token is not None and not known) or (token is None and self.imdsv2 == "required"):
                 return 401, {}, b"Unauthorized"
-            if self.notice is None:
+            notice = self._notice()
+            if notice is None:
                 return 404, {}, b"Not Found"
-            return 200, {"Content-Type": "text/plain"}, json.dumps(self.notice).encode()
+            return 200, {"Content-Type": "text/plain"}, json.dumps(notice).encode()
         return 404, {}, b"Not Found"
 
     def _gce(self, method: str, path: str, _query: dict[str, str], headers: dict[str, str]) -> tuple[int, dict, bytes]:
@@ -114,7 +121,7 @@ class MetadataServer:
         if headers.get("metadata-flavor") != "Google" or "x-forwarded-for" in headers:
             return 403, flavor, b"Missing Metadata-Flavor:Google header."
         if path == "/computeMetadata/v1/instance/preempted" and method == "GET":
-            return 200, {**flavor, "Content-Type": "application/text"}, b"TRUE" if self.notice else b"FALSE"
+            return 200, {**flavor, "Content-Type": "application/text"}, b"TRUE" if self._notice() else b"FALSE"
         return 404, flavor, b"Not Found"
 
     def _azure(self, method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> tuple[int, dict, bytes]:
@@ -125,7 +132,8 @@ class MetadataServer:
         if path == "/metadata/instance/compute/name" and query.get("format") == "text":
             return 200, {"Content-Type": "text/plain"}, self.vm_name.encode()
         if path == "/metadata/scheduledevents" and method == "GET":
-            document = {"DocumentIncarnation": len(self.notice), "Events": self.notice}
+            events = self._notice() or []
+            document = {"DocumentIncarnation": len(events), "Events": events}
             return 200, {"Content-Type": "application/json"}, json.dumps(document).encode()
         return 404, {}, b"Not Found"
 

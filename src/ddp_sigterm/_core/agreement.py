@@ -24,6 +24,8 @@ class AgreementError(RuntimeError):
 PAYLOAD_SIZE = len(dataclasses.fields(Vote))
 """The int64 all-reduced by one agreement: one per field of :class:`Vote`."""
 
+_LATEST = 1 << 40  # seconds since the epoch, far beyond any notice: MAX of (_LATEST - time) picks the soonest time
+
 
 class Agreement:
     """Cross-rank vote on a stop over a dedicated gloo ``group`` of every rank of the default group.
@@ -36,7 +38,8 @@ class Agreement:
         self.group = group
         self._payload = torch.zeros(PAYLOAD_SIZE, dtype=torch.int64)
 
-    def decide(self, signum: int, where: str, in_loop: bool = True, requeue: bool = False, boundary: int = 0) -> Vote:
+    def decide(self, signum: int, where: str, in_loop: bool = True, requeue: bool = False, boundary: int = 0,
+               notice: int = 0, notice_at: int = 0) -> Vote:
         """Agree on a stop.
 
         Contract: every rank calls ``decide`` at the same points, in the same order, and all ranks
@@ -44,20 +47,24 @@ class Agreement:
         signalled), so that any rank can trigger the stop; whether any rank is still in its loop
         (``in_loop``), which lets ranks that left a loop of uneven length keep pairing with those still
         in it; whether any rank asks for the job to be requeued; the largest ``boundary`` (step
-        boundaries passed), so that ranks which left a loop of uneven length count alike again; and
-        the lowest rank that recorded a signal (for the logs).
+        boundaries passed), so that ranks which left a loop of uneven length count alike again; the
+        lowest rank that recorded a signal (for the logs); a cloud's preemption notice some rank got
+        (``notice``: the largest code) and the soonest time one gives (``notice_at``, 0 for none).
         A rank that fails or times out raises :class:`AgreementError` naming ``where``.
         """
         if self.group is None:
-            return Vote(signum, in_loop, requeue, boundary, 0 if signum else None)
+            return Vote(signum, in_loop, requeue, boundary, 0 if signum else None, notice, notice_at)
         self._payload[0] = signum
         self._payload[1] = int(in_loop)
         self._payload[2] = int(requeue)
         self._payload[3] = boundary
         self._payload[4] = self.world_size - self.rank if signum else 0  # MAX picks the lowest signalled rank
+        self._payload[5] = notice
+        self._payload[6] = _LATEST - notice_at if notice_at else 0
         self._all_reduce_max(where)
         vote = [int(value) for value in self._payload]
-        return Vote(vote[0], bool(vote[1]), bool(vote[2]), vote[3], self.world_size - vote[4] if vote[4] else None)
+        return Vote(vote[0], bool(vote[1]), bool(vote[2]), vote[3], self.world_size - vote[4] if vote[4] else None,
+                    vote[5], _LATEST - vote[6] if vote[6] else 0)
 
     def lowest_failed_rank(self, succeeded: bool, where: str) -> int | None:
         """After a step every rank takes in the stop (saving its checkpoint): the lowest rank on which

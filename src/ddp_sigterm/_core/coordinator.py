@@ -20,6 +20,7 @@ Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 import warnings
@@ -28,7 +29,7 @@ from types import FrameType
 
 import torch.distributed as dist
 
-from ddp_sigterm._core import log, torchelastic
+from ddp_sigterm._core import log, notices, torchelastic
 from ddp_sigterm._core.agreement import Agreement
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.heartbeat import Heartbeat
@@ -69,6 +70,7 @@ class StopCoordinator:
         self._schedule = StopSchedule(alone=True)  # replaced at start() by the one of the agreement's ranks
         self._activity: str | None = None  # what this rank waits for, if not the next step boundary (see waiting_for)
         self._stepped_aside: str | None = None
+        self._notice: notices.Notice | None = None  # set once, by the notice watch's thread
         self._began = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -106,10 +108,36 @@ class StopCoordinator:
         hazard = torchelastic.restart_hazard() if self._agreement.distributed and self.rank == 0 else None
         if hazard is not None:
             warnings.warn(hazard, stacklevel=2)
-        self._runtime.start(install_handlers, self._heartbeat, deadline)
+        self._runtime.start(install_handlers, self._heartbeat, deadline, self._notice_watch())
         peers = f"all {self.world_size} ranks" if self._agreement.distributed else "this process alone"
         log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
                          ", ".join(signal.Signals(s).name for s in self._recorder.signals), peers)
+
+    def _notice_watch(self) -> notices.NoticeWatch | None:
+        """The watch of the cloud's preemption notice (``Settings.notice``), on one process of each node
+        (local rank 0: ``LOCAL_RANK``, or SLURM's ``SLURM_LOCALID``; a process that has neither is its
+        node's only one); None where it is off, or ``auto`` finds no cloud."""
+        cloud = self.settings.notice
+        local_rank = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        if cloud == "off" or local_rank != "0":
+            return None
+        if cloud == "auto":
+            found = notices.detect_cloud()
+            log.logger.debug("rank %d: notice=auto: %s", self.rank, f"in {found}" if found else "in no cloud")
+            if found is None:
+                return None
+            cloud = found
+        source = notices.source(cloud, self.settings.notice_url or None)
+        log.logger.debug("rank %d: asking %s for a preemption notice every %g s", self.rank, source.base_url,
+                         self.settings.notice_period)
+        return notices.NoticeWatch(source, self.settings.notice_period, self._noticed)
+
+    def _noticed(self, notice: notices.Notice) -> None:
+        """The watch's thread: a notice is a stop request here, as this process's first stop signal would be
+        (the notice first, so that the main thread finds it with the signal)."""
+        self._notice = notice
+        self._recorder.record(self._recorder.signals[0])
+        self._runtime.noticed(notice)
 
     def _step_aside(self, error: GroupUnavailable) -> None:
         """No group to agree on: this coordinator never stops, on any rank (they all got the same error),
@@ -131,15 +159,20 @@ class StopCoordinator:
         SIGTERM to the ranks still running, cannot change its exit code), and the deadline keeps running
         until the process has exited. A process alone leaves nothing behind, stopped or not.
 
-        A stop signal that came after the run's last agreement stopped nothing. With ``redeliver``, when
+        A stop signal that came after the run's last agreement stopped nothing (a cloud's notice then stops
+        nothing either, and is only logged). With ``redeliver``, when
         no exception is on its way out (``close()`` in a ``finally`` after the loop ended normally) and
         the handler now back is the signal's default action, the signal is raised again, so that it does
         what it would have done without the package (a handler someone installed was already called when
         the signal arrived). The Trainer integration does not redeliver: stock Lightning, whose handler
         is in place until its teardown, keeps such a signal too."""
         stopped, rank = self.decision is not None, self.rank
+        if not stopped and self._notice is not None:  # no signal of the process's own: nothing to pass on
+            log.logger.warning("rank %d: %s came after the run's last stop agreement: nothing was stopped", rank,
+                               self._notice.describe())
         self._runtime.close(stopped, leaving=stopped and self.world_size > 1,
-                            destroy_default_group=self.settings.destroy_at_exit, redeliver=redeliver)
+                            destroy_default_group=self.settings.destroy_at_exit,
+                            redeliver=redeliver and self._notice is None)
         # The heartbeat's thread reads this coordinator through a closure: dropping both ends the cycle now, so that
         # the groups' objects go with the run, not with the interpreter's last garbage collection at exit.
         self._heartbeat = self._agreement = None
@@ -264,8 +297,10 @@ class StopCoordinator:
         agreement = self._started()
         where = self._where(step)
         with self.waiting_for(f"the stop agreement at {where}, which needs all {self.world_size} ranks"):
+            notice = self._notice
             return agreement.decide(self._recorder.signum, where, in_loop, self._requeue_received(),
-                                    self._schedule.boundary)
+                                    self._schedule.boundary, notice.code if notice else 0,
+                                    notice.epoch_seconds if notice else 0)
 
     def _stopped(self, vote: Vote) -> bool:
         """Give the vote to the schedule; if it decided a stop: log it, and the runtime arms the deadline and
@@ -279,8 +314,18 @@ class StopCoordinator:
         self._runtime.stopped(decision, now)
         return True
 
+    @property
+    def stop_cause(self) -> str:
+        """What the agreed stop was asked by, for messages: the signal's name, or the cloud's notice."""
+        decision = self.decision
+        if decision is None:
+            raise RuntimeError("ddp_sigterm: no stop was agreed")
+        if decision.notice:
+            return notices.named(decision.notice, decision.notice_at)
+        return signal.Signals(decision.signum).name
+
     def _log_decision(self, decision: StopDecision) -> None:
-        name = signal.Signals(decision.signum).name
+        name = self.stop_cause
         if decision.received_at is not None:
             since = f"{decision.decided_at - decision.received_at:.3f} s"
             if decision.boundaries_since_signal is not None:
@@ -292,7 +337,9 @@ class StopCoordinator:
                         self._where(decision.step))
 
     def _requeue_received(self) -> bool:
-        return self._requeue_signal is not None and bool(self._recorder.mask & (1 << self._requeue_signal))
+        """The job's requeue signal, or a cloud's notice (the node goes: under SLURM the job runs again elsewhere)."""
+        return self._requeue_signal is not None and (bool(self._recorder.mask & (1 << self._requeue_signal))
+                                                     or self._notice is not None)
 
     def lowest_failed_rank(self, succeeded: bool, what: str, step: int | None = None) -> int | None:
         """After the agreed stop, every rank reports whether its part of ``what`` (saving the stop

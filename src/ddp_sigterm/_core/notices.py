@@ -10,7 +10,8 @@ answers are read by functions with no I/O (``aws_notice``, ``gce_notice``, ``azu
 The requests go to ``base_url`` and nowhere else: no proxy (a metadata service is link-local: a
 proxy would ask its own), no redirect, a timeout on each, a bounded answer. A service that is slow,
 refuses, or answers something else raises :class:`MetadataError`, naming the cloud, the URL and
-what went wrong; what to do about it (warn once, go on) is the watcher's business, not this module's.
+what went wrong. :class:`NoticeWatch` is the body of the thread that polls a source (the runtime starts
+and ends it): a failed poll is logged once and the watch goes on; a notice is handed on, once.
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ import dataclasses
 import datetime
 import email.utils
 import json
+import re
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.message import Message
 from http.client import HTTPMessage
 from pathlib import Path
 from typing import IO, Protocol
+
+from ddp_sigterm._core import log
 
 CLOUDS = ("aws", "gce", "azure")
 
@@ -40,6 +45,13 @@ GCE_NOTICE_SECONDS = 30.0
 default (no ``preemptionNoticeDuration``) ``preempted`` turns TRUE with the soft off, when the OS starts
 shutting down: the notice's time is taken as 30 s after it was seen."""
 
+POLL_TIMEOUT = 2.0
+"""Seconds one request of a poll may take (less if the poll period is shorter)."""
+
+KINDS = (("aws", "terminate"), ("aws", "stop"), ("aws", "hibernate"), ("gce", "preempted"), ("azure", "Preempt"))
+"""Every (cloud, action) a notice can be: the stop agreement carries a notice as its index here, plus one."""
+
+_AZURE_NAME = re.compile(r"[\w.-]{1,80}")
 _MAX_ANSWER = 65536  # bytes read of one answer: a notice is a few hundred
 _AWS_TOKEN_SECONDS = 21600  # the longest IMDSv2 token; asked for again a minute before it lapses
 
@@ -59,14 +71,35 @@ class Notice:
     at: datetime.datetime | None
     detail: str = ""
 
+    @property
+    def code(self) -> int:
+        """How the stop agreement carries it (:data:`KINDS`)."""
+        return KINDS.index((self.cloud, self.action)) + 1
+
+    @property
+    def epoch_seconds(self) -> int:
+        """``at`` in whole seconds since the epoch (rounded down: never later than the cloud's time), 0 if none."""
+        return int(self.at.timestamp()) if self.at is not None else 0
+
     def describe(self) -> str:
-        when = f" at {self.at.isoformat(timespec='seconds')}" if self.at is not None else ""
-        detail = f" ({self.detail})" if self.detail else ""
-        return f"{self.cloud} preemption notice: {self.action}{when}{detail}"
+        """As the logs name it, with the detail: ``"the azure preemption notice (Preempt at ...; EventId A1)"``."""
+        text = named(self.code, self.epoch_seconds)
+        return f"{text[:-1]}; {self.detail})" if self.detail else text
+
+
+def named(code: int, epoch_seconds: int) -> str:
+    """A notice as the logs name it, from what the stop agreement carries: ``"the aws preemption notice
+    (terminate at 2026-12-06T12:02:00+00:00)"``."""
+    cloud, action = KINDS[code - 1]
+    at = datetime.datetime.fromtimestamp(epoch_seconds, datetime.timezone.utc) if epoch_seconds else None
+    return f"the {cloud} preemption notice ({action}{f' at {at.isoformat()}' if at else ''})"
 
 
 class NoticeSource(Protocol):
+    """What :func:`source` returns: asks one cloud's metadata service, at ``base_url``."""
+
     cloud: str
+    base_url: str
 
     def poll(self, timeout: float) -> Notice | None:
         """Ask once, each request within ``timeout`` seconds: the notice, None if there is none yet, or
@@ -99,7 +132,7 @@ def gce_notice(body: bytes, seen: datetime.datetime) -> Notice | None:
         return None
     if text == "TRUE":
         return Notice("gce", "preempted", seen + datetime.timedelta(seconds=GCE_NOTICE_SECONDS),
-                      f"the time is {GCE_NOTICE_SECONDS:g} s after the notice was seen")
+                      f"{GCE_NOTICE_SECONDS:g} s after it was seen")
     raise MetadataError(f"instance/preempted answered {_shown(body)}, not TRUE or FALSE")
 
 
@@ -263,10 +296,11 @@ class AzureScheduledEvents:
 
     def poll(self, timeout: float) -> Notice | None:
         if self.vm_name is None:
-            self.vm_name = self._get(f"/metadata/instance/compute/name?api-version={self.api_version}&format=text",
-                                     timeout).decode("utf-8", "replace").strip()
-            if not self.vm_name:
-                raise MetadataError("azure: instance/compute/name answered an empty name")
+            path = f"/metadata/instance/compute/name?api-version={self.api_version}&format=text"
+            name = self._get(path, timeout).decode("utf-8", "replace").strip()
+            if not _AZURE_NAME.fullmatch(name):  # letters, digits, _ . - (a scale set's instance: <set>_<id>)
+                raise MetadataError(f"azure: GET {self.base_url}{path} answered {name[:80]!r}, not a VM's name")
+            self.vm_name = name
         path = f"/metadata/scheduledevents?api-version={self.api_version}"
         try:
             return azure_notice(self._get(path, timeout), self.vm_name)
@@ -288,6 +322,40 @@ def source(cloud: str, base_url: str | None = None) -> NoticeSource:
     if cloud not in kinds:
         raise ValueError(f"no notice source for {cloud!r}; one of {', '.join(CLOUDS)}")
     return kinds[cloud](base_url)
+
+
+class NoticeWatch:
+    """The body and state of the thread that polls ``source`` every ``period`` seconds, from :meth:`watch`
+    until a notice comes (handed to ``on_notice``, once, from this thread) or :meth:`end`. A poll that
+    fails (a service that hangs, refuses, or answers garbage) is logged once, at WARNING, and the
+    watch goes on: the run must not suffer for it. Each request is bounded by :data:`POLL_TIMEOUT`, so
+    the thread ends within that of :meth:`end`."""
+
+    def __init__(self, source: NoticeSource, period: float, on_notice: Callable[[Notice], None]) -> None:
+        self.source, self.period = source, period
+        self.polls = 0
+        self._on_notice = on_notice
+        self._ended = threading.Event()
+        self._failed = False
+
+    def end(self) -> None:
+        self._ended.set()
+
+    def watch(self) -> None:
+        while not self._ended.is_set():
+            self.polls += 1
+            try:
+                notice = self.source.poll(timeout=min(POLL_TIMEOUT, self.period))
+            except MetadataError as error:
+                if not self._failed:
+                    self._failed = True
+                    log.logger.warning("the %s preemption notice cannot be read (%s); the run goes on, and the watch "
+                                       "keeps asking (this is said once)", self.source.cloud, error)
+                notice = None
+            if notice is not None and not self._ended.is_set():
+                self._on_notice(notice)
+                return
+            self._ended.wait(self.period)
 
 
 def _utc(moment: datetime.datetime) -> datetime.datetime:

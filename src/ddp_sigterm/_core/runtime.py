@@ -7,8 +7,9 @@ safe to call twice, are the only code of the package that
 * installs and restores signal handlers: the recording handler, chained to the one it replaces; SIG_IGN
   for the stop signals while the process leaves after a stop; and raises again a stop signal that came
   after the run's last agreement;
-* starts and joins the package's threads (the heartbeat's and the stop deadline's: :class:`Heartbeat`
-  and :class:`Deadline` are their bodies and state, nothing more) and sets the interpreter's wakeup fd;
+* starts and joins the package's threads (the heartbeat's, the stop deadline's and the cloud notice
+  watch's: :class:`Heartbeat`, :class:`Deadline` and :class:`NoticeWatch` are their bodies and state,
+  nothing more) and sets the interpreter's wakeup fd;
 * registers the at-fork hook and the exit functions (below);
 * runs an integration's effects at the agreed stop (``on_stop``: retiring Lightning's launcher watch).
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import math
 import multiprocessing
 import multiprocessing.util  # registers its exit function first, so that ours runs before it
 import os
@@ -45,6 +47,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType
 
@@ -54,6 +57,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from ddp_sigterm._core import log
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.heartbeat import Heartbeat
+from ddp_sigterm._core.notices import POLL_TIMEOUT, Notice, NoticeWatch
 from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.signals import Handler, SignalRecorder, chains_to, default_action
 
@@ -81,6 +85,7 @@ class Runtime:
         self._groups: list[dist.ProcessGroup] = []
         self._heartbeat: tuple[Heartbeat, threading.Thread] | None = None
         self._deadline: tuple[Deadline, threading.Thread] | None = None
+        self._watch: tuple[NoticeWatch, threading.Thread] | None = None
         self._started = self._closed = False
 
     # -- start ---------------------------------------------------------------------------------
@@ -91,12 +96,13 @@ class Runtime:
         self._groups.extend(groups)
         return groups
 
-    def start(self, handlers: bool, heartbeat: Heartbeat | None = None, deadline: Deadline | None = None) -> None:
-        """DataLoader workers forked from now on block the stop signals; ``heartbeat`` and ``deadline`` get
-        their threads (the deadline only in the main thread: the wakeup fd can be set nowhere else, and no
-        signal handler runs elsewhere); with ``handlers``, the recording handler is installed for every stop
-        signal but the routed ones (main thread; a framework that registers its handlers later calls
-        :meth:`install_handlers` then)."""
+    def start(self, handlers: bool, heartbeat: Heartbeat | None = None, deadline: Deadline | None = None,
+              watch: NoticeWatch | None = None) -> None:
+        """DataLoader workers forked from now on block the stop signals; ``heartbeat``, ``deadline`` and
+        ``watch`` get their threads (the deadline only in the main thread: the wakeup fd can be set nowhere
+        else, and no signal handler runs elsewhere); with ``handlers``, the recording handler is installed
+        for every stop signal but the routed ones (main thread; a framework that registers its handlers
+        later calls :meth:`install_handlers` then)."""
         if self._started:
             return
         self._started = True
@@ -111,6 +117,8 @@ class Runtime:
             _close_in_forked_children(reader, writer)
             deadline.listen(reader, writer, previous_fd)
             self._deadline = deadline, _thread(deadline.watch, "deadline")
+        if watch is not None:
+            self._watch = watch, _thread(watch.watch, "notice")
         if handlers:
             self.install_handlers()
 
@@ -130,10 +138,17 @@ class Runtime:
             previous(signum, frame)
 
     # -- the stop ------------------------------------------------------------------------------
-    def stopped(self, decision: StopDecision, now: float) -> None:
-        """At the agreed stop: the deadline counts from ``now``; the integration's effects run."""
+    def noticed(self, notice: Notice) -> None:
+        """A cloud's preemption notice came (the watch's thread): the deadline counts from now, as from a stop
+        signal, and ends no later than the notice's time."""
         if self._deadline is not None:
-            self._deadline[0].arm(now, "the agreed stop")
+            self._deadline[0].arm(time.monotonic(), notice.describe(), _seconds_to(notice.epoch_seconds))
+
+    def stopped(self, decision: StopDecision, now: float) -> None:
+        """At the agreed stop: the deadline counts from ``now`` (and ends no later than a notice's time); the
+        integration's effects run."""
+        if self._deadline is not None:
+            self._deadline[0].arm(now, "the agreed stop", _seconds_to(decision.notice_at))
         for action in self._on_stop:
             action(decision)
 
@@ -157,6 +172,7 @@ class Runtime:
         if leaving:
             _leave(self.recorder.signals, destroy_default_group)
         self._end_deadline(keep_armed=stopped)
+        self._end_watch()
         heartbeat_group = self._end_heartbeat()
         for group in self._groups:
             if group is not heartbeat_group:
@@ -185,6 +201,15 @@ class Runtime:
             deadline.end(close_writer=main)  # elsewhere the wakeup fd still points at the writer: keep it open
             thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
 
+    def _end_watch(self) -> None:
+        """End the notice watch; its thread is out of its request within the request's timeout."""
+        if self._watch is None:
+            return
+        watch, thread = self._watch
+        self._watch = None
+        watch.end()
+        thread.join(POLL_TIMEOUT + _CLOSE_SECONDS)
+
     def _end_heartbeat_at_exit(self, owner: int) -> None:
         """The process exits without :meth:`close` (a rank ``ddp_spawn`` started: its ``fit`` runs without
         Lightning's exception handling; a crash): end the heartbeat first. Its thread, inside a collective while
@@ -207,6 +232,11 @@ class Runtime:
             return heartbeat.group
         _release_group(heartbeat.group)
         return heartbeat.group
+
+
+def _seconds_to(epoch_seconds: int) -> float:
+    """Seconds from now to a notice's time (0: none, no bound)."""
+    return epoch_seconds - time.time() if epoch_seconds else math.inf
 
 
 def _thread(target: Callable[[], None], name: str) -> threading.Thread:

@@ -33,13 +33,16 @@ class Vote:
     requeue: bool  # some rank recorded the job's requeue signal
     boundary: int  # the most step boundaries any rank has passed (they differ after loops of uneven length)
     signalled_rank: int | None = None  # the lowest rank (of the agreement's) that recorded a stop signal
+    notice: int = 0  # a cloud's preemption notice some rank got: its index in notices.KINDS plus one, else 0
+    notice_at: int = 0  # the soonest time such a notice gives, in whole seconds since the epoch (0: none)
 
 
 @dataclasses.dataclass(frozen=True)
 class StopDecision:
     """What every rank agreed on. ``received_at`` and ``decided_at`` are ``time.monotonic()`` values
     of this process; ``received_at`` is None on a rank that was not signalled itself. ``signalled_rank``:
-    the lowest rank that recorded a stop signal."""
+    the lowest rank that recorded a stop signal. ``notice``, ``notice_at``: the vote's (a cloud's notice,
+    which stops the run as its first stop signal would)."""
 
     signum: int
     step: int | None
@@ -49,6 +52,8 @@ class StopDecision:
     boundaries_since_signal: int | None
     requeue: bool = False
     signalled_rank: int | None = None
+    notice: int = 0
+    notice_at: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -135,7 +140,7 @@ class StopSchedule:
             return None
         since = None if self._signal_boundary is None else self.boundary - self._signal_boundary
         self.decision = StopDecision(vote.signum, self.step, self.boundary, now, received_at, since, vote.requeue,
-                                     vote.signalled_rank)
+                                     vote.signalled_rank, vote.notice, vote.notice_at)
         self.state = State.STOPPED
         return self.decision
 

@@ -251,7 +251,7 @@ class TrainerStop(Integration):
         # Lightning puts its saved handlers back at teardown, after this callback has closed: make that
         # SIG_IGN for the signals the runtime ignores after a stop, so a late signal cannot change the exit code.
         internals.mark_stopped(trainer, coordinator.ignored_after_stop)
-        agreed = f"ddp_sigterm: {signal.Signals(decision.signum).name} received, every rank stops at step {step}"
+        agreed = f"ddp_sigterm: {coordinator.stop_cause} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
             saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step)
             agreed += f"; checkpoint saved to {saved}"
@@ -322,7 +322,8 @@ def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision,
         if not trainer.is_global_zero:
             return None
         if decision.requeue:
-            why = f"{signal.Signals(requeue_signal).name} is its requeue signal"
+            why = f"{coordinator.stop_cause} came" if decision.notice else \
+                f"{signal.Signals(requeue_signal).name} is its requeue signal"
         else:
             try:
                 preempt_time = slurm.preempted()

@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
+from ddp_sigterm_tests.metadata_server import MetadataServer
 
 from ddp_sigterm import Settings, StopCoordinator
 from ddp_sigterm._core.deadline import Deadline
@@ -137,3 +139,80 @@ def test_one_set_of_stop_signals_includes_what_a_framework_routes() -> None:
     finally:
         coordinator.close()
     assert {signum: signal.getsignal(signum) for signum in coordinator.signals} == before
+
+
+def test_a_cloud_notice_stops_a_process_alone_as_its_first_stop_signal_would(caplog, monkeypatch) -> None:
+    """Issue 37: the notice watch (a thread of the runtime) hands a notice to the coordinator, which stops at the
+    next boundary with its first stop signal's exit code and names the notice; close() ends the watch."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
+    with MetadataServer("aws") as server:
+        coordinator = StopCoordinator(Settings.resolve(environ={}, notice="aws", notice_url=server.url,
+                                                       notice_period=0.05))
+        threads = threading.enumerate()
+        coordinator.start()
+        try:
+            assert [t.name for t in threading.enumerate() if t not in threads] == ["ddp_sigterm-notice"]
+            assert not coordinator.should_stop(0)
+            server.notice = {"action": "stop", "time": "2026-12-06T12:02:00Z"}
+            step, began = 1, time.monotonic()
+            with caplog.at_level(logging.INFO, logger="ddp_sigterm"):
+                while not coordinator.should_stop(step) and time.monotonic() - began < 30:
+                    step += 1
+                    time.sleep(0.01)
+            assert coordinator.decision is not None
+            assert coordinator.exit_code == 128 + signal.SIGTERM
+            assert coordinator.stop_cause == "the aws preemption notice (stop at 2026-12-06T12:02:00+00:00)"
+        finally:
+            coordinator.close()
+        assert threading.enumerate() == threads
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "ddp_sigterm"]
+    assert re.fullmatch(rf"rank 0 of 1: the aws preemption notice \(stop at 2026-12-06T12:02:00\+00:00\) received here "
+                        rf"at \S+ \S+ \([0-9.]+ s, 0 step boundaries before the agreement\); every rank stops at step "
+                        rf"{step} \(boundary {step + 1}\)", line), line
+
+
+@pytest.mark.parametrize(("notice", "local_rank"), [("off", "0"), ("auto", "0"), ("gce", "1")])
+def test_no_notice_watch_where_it_is_off_in_no_cloud_or_not_local_rank_0(monkeypatch, notice: str,
+                                                                         local_rank: str) -> None:
+    """``auto`` finds no cloud on this machine (nor in CI): nothing is asked, no thread starts."""
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    with MetadataServer("gce") as server:
+        coordinator = StopCoordinator(Settings.resolve(environ={}, notice=notice, notice_url=server.url))
+        threads = threading.enumerate()
+        coordinator.start()
+        try:
+            assert threading.enumerate() == threads
+            assert not coordinator.should_stop(0)
+        finally:
+            coordinator.close()
+    assert server.requests == []
+
+
+_LATE_NOTICE = """
+import sys, time
+from ddp_sigterm import Settings, StopCoordinator
+from ddp_sigterm_tests.metadata_server import MetadataServer
+with MetadataServer("gce") as server:
+    coordinator = StopCoordinator(Settings.resolve(environ={}, notice="gce", notice_url=server.url, notice_period=0.05))
+    coordinator.start()
+    assert coordinator.decide_now(1) is False  # the run's last agreement
+    server.notice = True
+    while coordinator._recorder.signum == 0:
+        time.sleep(0.01)
+    coordinator.close()
+print("went on", flush=True)
+"""
+
+
+def test_a_notice_after_the_last_agreement_is_logged_and_kills_nothing(monkeypatch) -> None:
+    """Unlike a stop signal of the process's own (above), a notice that came after the run's last agreement is not
+    raised as a signal at close(): the run has ended, the process goes on (and the next run's notice watch, if
+    any, will see the notice again)."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
+    done = subprocess.run([sys.executable, "-c", _LATE_NOTICE], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    assert "went on" in done.stdout, done
+    assert re.search(r"rank 0: the gce preemption notice \(preempted at \S+; 30 s after it was seen\) came after the "
+                     r"run's last stop agreement: nothing was stopped", done.stderr), done.stderr

@@ -9,7 +9,10 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import logging
+import re
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -236,3 +239,44 @@ def test_sources_take_only_http_urls_and_contact_nothing_when_made() -> None:
             notices.source(cloud, "file:///etc/passwd")
     with pytest.raises(ValueError, match="no notice source for 'oci'"):
         notices.source("oci")
+
+
+# -- the watch -----------------------------------------------------------------------------------------
+def test_the_watch_hands_on_one_notice_and_ends() -> None:
+    with MetadataServer("gce") as server:
+        noticed: list[Notice] = []
+        watch = notices.NoticeWatch(notices.source("gce", server.url), 0.05, noticed.append)
+        thread = threading.Thread(target=watch.watch)
+        thread.start()
+        time.sleep(0.3)
+        assert noticed == []
+        server.notice = True
+        thread.join(timeout=5)
+        assert not thread.is_alive()
+        assert [n.cloud for n in noticed] == ["gce"]
+        polls = len(server.requests)
+        time.sleep(0.2)
+        assert len(server.requests) == polls  # nothing asked after the notice
+
+
+def test_a_failing_service_is_logged_once_and_the_watch_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    with MetadataServer("azure") as server, caplog.at_level(logging.WARNING, logger="ddp_sigterm"):
+        server.garbage = True
+        watch = notices.NoticeWatch(notices.source("azure", server.url), 0.02, lambda notice: None)
+        thread = threading.Thread(target=watch.watch)
+        thread.start()
+        while watch.polls < 5 and thread.is_alive():
+            time.sleep(0.02)
+        server.delay = 10.0  # end() while a request hangs: the thread leaves within the request's timeout
+        time.sleep(0.2)
+        ended = time.monotonic()
+        watch.end()
+        thread.join(timeout=10)
+        took = time.monotonic() - ended
+    assert not thread.is_alive()
+    assert took < notices.POLL_TIMEOUT + 1, took
+    warnings = [r.getMessage() for r in caplog.records if r.name == "ddp_sigterm"]
+    assert len(warnings) == 1, warnings
+    assert re.match(r"the azure preemption notice cannot be read \(azure: GET http://127\.0\.0\.1:\d+/metadata/instance/"
+                    r"compute/name\?api-version=2020-07-01&format=text answered '<html>.*', not a VM's name\); the run "
+                    r"goes on", warnings[0]), warnings[0]

@@ -26,6 +26,10 @@ def test_settings_defaults_and_environment_precedence() -> None:
     assert Settings.resolve(environ={"DDP_SIGTERM_STOP_DEADLINE": "inf"}).stop_deadline == math.inf
     assert Settings().log_level == "INFO"
     assert Settings.resolve(environ={"DDP_SIGTERM_LOG_LEVEL": " warning"}).log_level == "WARNING"
+    assert (Settings().notice, Settings().notice_url, Settings().notice_period) == ("off", "", 2.0)
+    noticed = Settings.resolve(environ={"DDP_SIGTERM_NOTICE": "GCE", "DDP_SIGTERM_NOTICE_URL": "http://127.0.0.1:8080",
+                                        "DDP_SIGTERM_NOTICE_PERIOD": "0.5"}, notice="aws")
+    assert (noticed.notice, noticed.notice_url, noticed.notice_period) == ("gce", "http://127.0.0.1:8080", 0.5)
     trainer = {"DDP_SIGTERM_CHECKPOINT_DIR": "s3://bucket/run", "DDP_SIGTERM_KEEP_CHECKPOINTS": "2",
                "DDP_SIGTERM_RESUME": "yes"}
     stored = resolve(TrainerSettings, environ=trainer, keep_checkpoints=5)
@@ -54,6 +58,9 @@ def test_the_trainers_variables_are_known_to_the_core() -> None:
         ({"DDP_SIGTERM_STOP_DEADLINE": "nan"}, "stop_deadline must be a positive number of seconds or inf"),
         ({"DDP_SIGTERM_DESTROY_AT_EXIT": "sometimes"}, "DDP_SIGTERM_DESTROY_AT_EXIT='sometimes': expected one of"),
         ({"DDP_SIGTERM_LOG_LEVEL": "LOUD"}, "log_level must be a logging level such as INFO or WARNING, got 'LOUD'"),
+        ({"DDP_SIGTERM_NOTICE": "oci"}, "notice must be one of off, auto, aws, gce, azure; got 'oci'"),
+        ({"DDP_SIGTERM_NOTICE_URL": "169.254.169.254"}, "notice_url must be an http:// URL, got '169.254.169.254'"),
+        ({"DDP_SIGTERM_NOTICE_PERIOD": "0"}, "notice_period must be a positive number of seconds, got 0.0"),
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(environ: dict[str, str], message: str) -> None:
