@@ -157,12 +157,14 @@ def run_job(
     script: Path = SCRIPT,
     poll: float = 0.05,
     until_exited: set[str] | None = None,
+    rank_env: dict[int, dict[str, str]] | None = None,
 ) -> JobResult:
     """Run ``scenario`` (default: ``Scenario()``) as one job of ``world_size`` ranks, launched as ``mode`` says,
     to completion or to ``timeout`` seconds; never leaves a process behind. ``env``: environment variables
     added to this one's (the package's settings, SLURM's array ids, ...). ``poll`` is how often the processes
     are looked at (and so the resolution of ``exited_at``). ``until_exited``: labels whose exit ends the job
-    (the others, e.g. a stopped rank, are killed)."""
+    (the others, e.g. a stopped rank, are killed). ``rank_env``: rank -> variables of that rank's process alone
+    (``independent`` and ``slurm``, where each rank is a node of its own)."""
     python = python or PYTHON
     port = str(free_port())
     scenario = scenario or Scenario()
@@ -195,6 +197,10 @@ def run_job(
                                  f"--master-port={port}", "--master-addr=127.0.0.1", str(script)], base)
     else:
         commands["single"] = ([python, str(script)], base)
+    for rank, variables in (rank_env or {}).items():
+        if mode not in ("independent", "slurm"):
+            raise ValueError(f"rank_env needs a process per rank (independent, slurm), not {mode!r}")
+        commands[f"rank{rank}"][1].update(variables)
 
     return run_commands(out, mode, world_size, commands, timeout, outside, poll, until_exited)
 

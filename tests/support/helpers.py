@@ -126,10 +126,10 @@ def assert_signalled_yet_finished(result: JobResult, steps: int) -> None:
 
 
 def fit(tmp: Path, scenario: Scenario | None = None, *, mode: str = "independent", world_size: int = 2,
-        env: dict[str, str] | None = None) -> JobResult:
+        env: dict[str, str] | None = None, rank_env: dict[int, dict[str, str]] | None = None) -> JobResult:
     """A scenario job (support/scenario_train.py) that must finish within MUST_FINISH seconds; ``env``: environment
-    variables of its processes (the package's settings)."""
-    return run_job(tmp, scenario, mode=mode, world_size=world_size, timeout=MUST_FINISH, env=env)
+    variables of its processes (the package's settings); ``rank_env``: of one rank's (see :func:`run_job`)."""
+    return run_job(tmp, scenario, mode=mode, world_size=world_size, timeout=MUST_FINISH, env=env, rank_env=rank_env)
 
 
 def torchrun_restarts(max_restarts: int = 3) -> dict[str, str]:

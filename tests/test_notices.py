@@ -1,0 +1,92 @@
+"""Issue 37: a cloud's preemption notice stops every rank in unison, before the SIGTERM comes. Real training jobs
+(two ranks, each a node of its own: each asks its own metadata service, a server on 127.0.0.1 that the test starts,
+tests/support/metadata_server.py); never a real metadata address."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from ddp_sigterm_tests.harness import run_job, scontrol_calls, stub_scontrol
+from ddp_sigterm_tests.helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished, assert_unison_stop, fit
+from ddp_sigterm_tests.metadata_server import MetadataServer
+from ddp_sigterm_tests.scenario import Scenario
+
+pytestmark = pytest.mark.scenario
+
+# ~4 s of steps: a notice 20 polls of 0.1 s into the run comes well before the end
+LONG = Scenario(max_steps=200, step_sleep=0.02)
+ENV = {"DDP_SIGTERM_NOTICE_PERIOD": "0.1"}
+
+
+def notice_of(cloud: str, at: datetime.datetime) -> object:
+    if cloud == "aws":
+        return {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if cloud == "gce":
+        return True
+    return [{"EventId": "A1B2", "EventType": "Preempt", "ResourceType": "VirtualMachine", "Resources": ["node-1"],
+             "EventStatus": "Scheduled", "NotBefore": at.strftime("%a, %d %b %Y %H:%M:%S GMT"),
+             "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}]
+
+
+@pytest.mark.parametrize("cloud", ["aws", pytest.param("gce", marks=pytest.mark.extended),
+                                   pytest.param("azure", marks=pytest.mark.extended)])
+def test_a_notice_to_one_node_stops_every_rank_at_one_step_and_the_run_resumes(tmp_path: Path, cloud: str) -> None:
+    """Node 1's service gives a notice some polls into the run; node 0's never does. Both ranks stop at one step with
+    one checkpoint and exit as the SIGTERM would (143), each rank's log names the notice, and the same command
+    (without a notice) resumes and finishes."""
+    at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(minutes=2)
+    with MetadataServer(cloud, vm_name="node-0") as quiet, MetadataServer(cloud, vm_name="node-1") as noticing:
+        noticing.notice, noticing.quiet_for = notice_of(cloud, at), 20
+        quiet.notice = [] if cloud == "azure" else None
+        result = fit(tmp_path, LONG, env={**ENV, "DDP_SIGTERM_NOTICE": cloud},
+                     rank_env={0: {"DDP_SIGTERM_NOTICE_URL": quiet.url}, 1: {"DDP_SIGTERM_NOTICE_URL": noticing.url}})
+    why = result.describe()
+    step = assert_unison_stop(result, exit_code=SIGTERM_EXIT)
+    assert 0 < step < LONG.max_steps, why
+    assert quiet.requests, "node 0 never asked its service"
+    named = {"aws": f"the aws preemption notice (terminate at {at.isoformat()})",
+             "gce": "the gce preemption notice (preempted at ",
+             "azure": f"the azure preemption notice (Preempt at {at.isoformat()})"}[cloud]
+    assert re.search(rf"rank 1 of 2: {re.escape(named)}.*received here at", result.log("rank1")), why
+    assert re.search(rf"rank 0 of 2: {re.escape(named)}.*received by rank 1, not here; every rank stops at step "
+                     rf"{step}", result.log("rank0")), why
+    resumed = fit(tmp_path, replace(LONG, resume=True))
+    assert_finished(resumed, steps=LONG.max_steps)
+
+
+def test_a_service_that_hangs_refuses_or_answers_garbage_changes_nothing(tmp_path: Path) -> None:
+    """Node 0's service answers every request 5 s late (past each request's bound), node 1's answers garbage:
+    the run trains to its end and exits 0, each rank warns once."""
+    with MetadataServer("aws") as hanging, MetadataServer("aws") as garbage:
+        hanging.delay, garbage.garbage = 5.0, True
+        result = fit(tmp_path, replace(LONG, max_steps=60), env={**ENV, "DDP_SIGTERM_NOTICE": "aws"},
+                     rank_env={0: {"DDP_SIGTERM_NOTICE_URL": hanging.url}, 1: {"DDP_SIGTERM_NOTICE_URL": garbage.url}})
+    assert_finished(result, steps=60)
+    for rank, reason in ((0, "timed out"), (1, "not an interruption")):
+        warnings = re.findall(r"the aws preemption notice cannot be read \(.*\)", result.log(f"rank{rank}"))
+        assert len(warnings) == 1, result.describe()
+        assert reason in warnings[0], warnings[0]
+    assert len(garbage.requests) > 5, json.dumps([r.path for r in garbage.requests])
+
+
+def test_under_slurm_a_notice_requeues_the_job_once(tmp_path: Path) -> None:
+    """As srun starts a step (SLURM's variables, a stub ``scontrol`` that records its calls), auto-requeue on: a
+    notice to node 1 stops every rank as SIGTERM would, and global rank 0 requeues the job once (SLURM cannot
+    know the node is going). tests/test_slurm.py's cluster is not a cloud; this is the package's part."""
+    env = stub_scontrol(tmp_path)
+    with MetadataServer("gce") as quiet, MetadataServer("gce") as noticing:
+        noticing.notice, noticing.quiet_for = True, 20
+        urls = {0: {"DDP_SIGTERM_NOTICE_URL": quiet.url}, 1: {"DDP_SIGTERM_NOTICE_URL": noticing.url}}
+        result = run_job(tmp_path / "job", LONG, mode="slurm", timeout=MUST_FINISH,
+                         env={**env, **ENV, "DDP_SIGTERM_NOTICE": "gce"}, rank_env=urls)
+    why = result.describe()
+    assert {o.get("environment") for o in result.outcomes.values()} == {"SLURMEnvironment"}, why
+    step = assert_unison_stop(result, exit_code=SIGTERM_EXIT)
+    assert scontrol_calls(env) == ["requeue 4242"], why
+    assert re.search(rf"every rank stops at step {step}; checkpoint saved to .*; SLURM job 4242 requeued: the gce "
+                     r"preemption notice \(preempted at \S+\) came", result.log("rank0")), why
