@@ -114,30 +114,35 @@ $(VENV)/.lint-installed: $(VENV)/.installed requirements/lint.txt
 	touch $@
 
 # make test-versions' venvs, one per release but the pinned one, with both lightning and pytorch-lightning of that
-# release. torch is shared: installed once in $(VENV_TORCH), whose site-packages each release's venv sees through a
-# .pth file (pip there counts it as installed), so a release costs its own few packages, not a torch.
+# release. torch is shared: installed once in $(VENV_TORCH), whose site-packages each release's venv (and the patched
+# and upstream venvs) sees through a .pth file (pip there counts it as installed), so a venv costs its own few
+# packages, not a torch (30 s each here).
 $(VENV_TORCH)/.installed: requirements/constraints.txt
 	rm -rf $(VENV_TORCH)
 	$(PYTHON) -m venv $(VENV_TORCH)
 	$(VENV_TORCH)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
 	touch $@
 
+# A new venv $(1) that sees $(VENV_TORCH)'s torch.
+define torch_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+	$(VENV_TORCH)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> $$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/torch-base.pth
+endef
+
 .venv-lightning-%/.installed: $(VENV_TORCH)/.installed pyproject.toml tests/support/pyproject.toml \
 		requirements/test.txt
-	rm -rf $(@D)
-	$(PYTHON) -m venv $(@D)
-	$(VENV_TORCH)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
-		> $$($(@D)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/torch-base.pth
+	$(call torch_venv,$(@D))
 	$(@D)/bin/pip install $(PIP_FLAGS) -r requirements/test.txt torch==$(TORCH) lightning==$* pytorch-lightning==$*
 	$(@D)/bin/pip install $(PIP_FLAGS) --no-deps -e . $(SUPPORT)
 	touch $@
 
 # Lightning $(PATCHED_RELEASE) with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
-$(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIES)/base $(SERIES)/*.patch) \
-		requirements/constraints.txt requirements/test.txt tests/support/pyproject.toml
-	rm -rf $(VENV_PATCHED)
-	$(PYTHON) -m venv $(VENV_PATCHED)
-	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
+$(VENV_PATCHED)/.installed: $(VENV_TORCH)/.installed patches/build.sh $(SERIES)/series \
+		$(wildcard $(SERIES)/base $(SERIES)/*.patch) requirements/constraints.txt requirements/test.txt \
+		tests/support/pyproject.toml
+	$(call torch_venv,$(VENV_PATCHED))
 	[ -d $(OPEN_PRS) ] || bash tools/fetch_upstream.sh $(LIGHTNING_SOURCES)  # the open PRs the series is stacked on
 	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh $(VENV_PATCHED)/bin/python
 	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here
@@ -151,9 +156,7 @@ $(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series $(wildcard $(SERIE
 # and the test tools of requirements/upstream-test.txt. Built once: the tree's path does not change, so a
 # re-applied series is what they import. $(1): the venv, $(2): the tree.
 define upstream_venv
-	rm -rf $(1)
-	$(PYTHON) -m venv $(1)
-	$(1)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-upstream.txt torch
+	$(call torch_venv,$(1))
 	PACKAGE_NAME=lightning $(1)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-upstream.txt \
 		-r requirements/upstream-test.txt -e $(CURDIR)/$(2)
 	touch $(1)/.installed
@@ -166,16 +169,16 @@ upstream-trees:
 	$(PYTHON) tools/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
 		--open-prs $(OPEN_PRS) --into $(UPSTREAM)
 
-$(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt $(LIGHTNING_MASTER) \
-		| upstream-trees
+$(VENV_UPSTREAM)/.installed: $(VENV_TORCH)/.installed requirements/constraints-upstream.txt \
+		requirements/upstream-test.txt $(LIGHTNING_MASTER) | upstream-trees
 	$(call upstream_venv,$(VENV_UPSTREAM),$(UPSTREAM)/master)
 
-$(VENV_UPSTREAM_PATCHED)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
-		$(LIGHTNING_MASTER) | upstream-trees
+$(VENV_UPSTREAM_PATCHED)/.installed: $(VENV_TORCH)/.installed requirements/constraints-upstream.txt \
+		requirements/upstream-test.txt $(LIGHTNING_MASTER) | upstream-trees
 	$(call upstream_venv,$(VENV_UPSTREAM_PATCHED),$(UPSTREAM)/master-patched)
 
-$(VENV_UPSTREAM_BASE)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
-		$(LIGHTNING_MASTER) | upstream-trees
+$(VENV_UPSTREAM_BASE)/.installed: $(VENV_TORCH)/.installed requirements/constraints-upstream.txt \
+		requirements/upstream-test.txt $(LIGHTNING_MASTER) | upstream-trees
 	$(call upstream_venv,$(VENV_UPSTREAM_BASE),$(UPSTREAM)/master-base)
 
 venv: $(VENV)/.installed
