@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ddp_sigterm_tests.harness import run_job, scontrol_calls, stub_scontrol
 from ddp_sigterm_tests.helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished, assert_unison_stop, fit
-from ddp_sigterm_tests.metadata_server import MetadataServer
+from ddp_sigterm_tests.metadata_server import MetadataServer, azure_event
 from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = pytest.mark.scenario
@@ -28,9 +28,7 @@ def notice_of(cloud: str, at: datetime.datetime) -> object:
         return {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
     if cloud == "gce":
         return True
-    return [{"EventId": "A1B2", "EventType": "Preempt", "ResourceType": "VirtualMachine", "Resources": ["node-1"],
-             "EventStatus": "Scheduled", "NotBefore": at.strftime("%a, %d %b %Y %H:%M:%S GMT"),
-             "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}]
+    return [azure_event("node-1", not_before=at.strftime("%a, %d %b %Y %H:%M:%S GMT"))]
 
 
 @pytest.mark.parametrize("cloud", ["aws", pytest.param("gce", marks=pytest.mark.extended),

@@ -22,6 +22,14 @@ AWS_TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"  # noqa: S105 (a h
 AWS_TOKEN_HEADER = "X-aws-ec2-metadata-token"  # noqa: S105 (a header's name)
 
 
+def azure_event(*resources: str, event_type: str = "Preempt",
+                not_before: str = "Sun, 06 Dec 2026 12:00:30 GMT") -> dict[str, Any]:
+    """One Scheduled Events event, with every field of api-version 2020-07-01, for ``resources`` (VM names)."""
+    return {"EventId": f"{event_type}-{'-'.join(resources)}", "EventType": event_type, "ResourceType": "VirtualMachine",
+            "Resources": list(resources), "EventStatus": "Scheduled", "NotBefore": not_before,
+            "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}
+
+
 @dataclasses.dataclass
 class Request:
     method: str

@@ -120,7 +120,7 @@ def aws_notice(status: int, body: bytes) -> Notice | None:
         action, at = answer["action"], _utc(datetime.datetime.strptime(answer["time"], "%Y-%m-%dT%H:%M:%SZ"))
     except (ValueError, KeyError, TypeError) as error:
         raise MetadataError(f"spot/instance-action answered {_shown(body)}, not an interruption: {error!r}") from None
-    if action not in ("terminate", "stop", "hibernate"):
+    if ("aws", action) not in KINDS:
         raise MetadataError(f"spot/instance-action answered the unknown action {action!r}")
     return Notice("aws", action, at)
 
@@ -155,8 +155,8 @@ def azure_notice(body: bytes, vm_name: str) -> Notice | None:
     return Notice("azure", "Preempt", at, f"EventId {event.get('EventId', '?')}")
 
 
-def detect_cloud(sys: Path = Path("/sys")) -> str | None:
-    """The cloud this machine runs in, from files under ``sys`` alone (no network): ``aws``, ``gce``,
+def detect_cloud(sysfs: Path = Path("/sys")) -> str | None:
+    """The cloud this machine runs in, from files under ``sysfs`` alone (no network): ``aws``, ``gce``,
     ``azure`` or None (not a cloud VM, or no DMI data: a container may have none). The marks are those
     the clouds' documentation and cloud-init's ds-identify use: an EC2 UUID (the hypervisor's or the
     DMI product's, starting ``ec2``, or ``45E12AEC`` little-endian) or systemd's ``Amazon EC2`` vendor;
@@ -164,7 +164,7 @@ def detect_cloud(sys: Path = Path("/sys")) -> str | None:
 
     def read(name: str) -> str:
         try:
-            return (sys / name).read_text().strip()
+            return (sysfs / name).read_text().strip()
         except OSError:  # absent, or root's only (product_uuid)
             return ""
 

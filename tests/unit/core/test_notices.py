@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ddp_sigterm_tests.metadata_server import AWS_TOKEN_HEADER, AWS_TOKEN_TTL_HEADER, MetadataServer
+from ddp_sigterm_tests.metadata_server import AWS_TOKEN_HEADER, AWS_TOKEN_TTL_HEADER, MetadataServer, azure_event
 
 from ddp_sigterm._core import notices
 from ddp_sigterm._core.notices import MetadataError, Notice
@@ -68,25 +68,19 @@ def test_gce_answers() -> None:
         notices.gce_notice(b"true-ish", seen)
 
 
-def preempt(*resources: str, event_type: str = "Preempt", not_before: str = "Sun, 06 Dec 2026 12:00:30 GMT") -> dict:
-    return {"EventId": f"{event_type}-{'-'.join(resources)}", "EventType": event_type, "ResourceType": "VirtualMachine",
-            "Resources": list(resources), "EventStatus": "Scheduled", "NotBefore": not_before,
-            "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}
-
-
 def test_azure_answers() -> None:
     def read(events: list[dict]) -> Notice | None:
         return notices.azure_notice(json.dumps({"DocumentIncarnation": 1, "Events": events}).encode(), "vm-1")
 
     assert read([]) is None
-    assert read([preempt("vm-2")]) is None  # another VM of the scale set
-    assert read([preempt("vm-1", event_type="Freeze")]) is None
-    notice = read([preempt("vm-2"), preempt("vm-3", "vm-1")])
+    assert read([azure_event("vm-2")]) is None  # another VM of the scale set
+    assert read([azure_event("vm-1", event_type="Freeze")]) is None
+    notice = read([azure_event("vm-2"), azure_event("vm-3", "vm-1")])
     assert notice == Notice("azure", "Preempt", datetime.datetime(2026, 12, 6, 12, 0, 30, tzinfo=UTC),
                             "EventId Preempt-vm-3-vm-1")
-    assert read([preempt("vm-1", not_before="")]).at is None  # started already
+    assert read([azure_event("vm-1", not_before="")]).at is None  # started already
     for body, reason in [(b"[]", "not a list of events"), (b'{"Events": [{"EventType": "Preempt"}]}', "Resources"),
-                         (json.dumps({"Events": [preempt("vm-1", not_before="soon")]}).encode(), "RFC 1123")]:
+                         (json.dumps({"Events": [azure_event("vm-1", not_before="soon")]}).encode(), "RFC 1123")]:
         with pytest.raises(MetadataError, match=reason):
             notices.azure_notice(body, "vm-1")
 
@@ -182,13 +176,13 @@ def test_gce_sends_and_wants_metadata_flavor_google() -> None:
     assert {r.path for r in server.requests} == {"/computeMetadata/v1/instance/preempted"}
 
 
-def test_azure_asks_its_name_once_and_reads_only_its_own_preempt() -> None:
+def test_azure_asks_its_name_once_and_reads_only_its_own_azure_event() -> None:
     with MetadataServer("azure", vm_name="vm-1") as server:
         source = notices.source("azure", server.url)
         assert source.poll(timeout=2) is None
-        server.notice = [preempt("vm-2"), preempt("vm-1", event_type="Reboot")]
+        server.notice = [azure_event("vm-2"), azure_event("vm-1", event_type="Reboot")]
         assert source.poll(timeout=2) is None
-        server.notice = [preempt("vm-2"), preempt("vm-1")]
+        server.notice = [azure_event("vm-2"), azure_event("vm-1")]
         notice = source.poll(timeout=2)
         assert notice is not None
         assert notice.detail == "EventId Preempt-vm-1"
