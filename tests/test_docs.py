@@ -100,6 +100,7 @@ def test_every_ci_stage_is_a_make_target_and_the_readme_test_command_is_one() ->
         assert words[0] == "make", stage
         assert words[1] in targets, stage
         assert stage["needs"] in ("", "sources", "root"), stage
+        assert stage["runs"] in ("alone", "beside"), stage
     assert "make test" in [stage["command"] for stage in found]
     assert "tools/ci_stages.py" in (ROOT / ".github" / "workflows" / "ci.yml").read_text()
     assert ".ci/stages" in (ROOT / ".ci" / "run").read_text()
