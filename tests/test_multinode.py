@@ -8,6 +8,7 @@ package / patched. Run by ``make test-multinode`` (root; marker ``multinode``, n
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import os
 import re
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from ddp_sigterm_tests import nodes, slurm_cluster
-from ddp_sigterm_tests.harness import JobResult, OutsideSignal, Supervised, supervise
+from ddp_sigterm_tests.harness import JobResult, OutsideSignal, Supervised, once_reached, supervise
 from ddp_sigterm_tests.helpers import (
     HANG_BOUND,
     MUST_FINISH,
@@ -29,6 +30,7 @@ from ddp_sigterm_tests.helpers import (
     per_rank,
     saved_step,
 )
+from ddp_sigterm_tests.metadata_server import MetadataServer
 from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
@@ -59,10 +61,11 @@ def cluster() -> nodes.Nodes:
 
 def node_job(out: Path, cluster: nodes.Nodes, launcher: str, root: Path, inject: str = "",
              gloo_ifname: tuple[int, str] | None = None, env: dict[str, str] | None = None,
-             **kwargs: Any) -> JobResult:
+             step_sleep: float = TRAINING.step_sleep, **kwargs: Any) -> JobResult:
     """A scenario job of ``DEVICES`` ranks on each node (see :func:`nodes.job`), configured as every test here is,
-    its checkpoints in ``root``; ``inject`` and ``gloo_ifname``: see :class:`scenario.Scenario`."""
-    training = replace(TRAINING, root_dir=str(root), inject=inject, gloo_ifname=gloo_ifname)
+    its checkpoints in ``root``; ``inject``, ``gloo_ifname`` and ``step_sleep`` (the weights do not depend on it):
+    see :class:`scenario.Scenario`."""
+    training = replace(TRAINING, root_dir=str(root), inject=inject, gloo_ifname=gloo_ifname, step_sleep=step_sleep)
     return nodes.job(out, cluster, launcher, DEVICES, training, env={**RESUME, **(env or {})}, **kwargs)
 
 
@@ -109,6 +112,43 @@ def test_stop_on_node_2_stops_both_nodes_and_resumes(cluster: nodes.Nodes, strai
     # torchrun's agents exit 1 for any failed worker (docs/torchrun.md); every other process exits as its rank
     assert codes == ({1} if launcher == "torchrun" else {SIGTERM_EXIT}), stopped.describe()
     resumed = node_job(tmp_path / "resume", cluster, launcher, tmp_path)
+    assert_finished(resumed, steps=MAX_STEPS)
+    assert min(o["batches_started"] for o in resumed.outcomes.values()) < MAX_STEPS, "it did not resume"
+    torch.testing.assert_close(final_weights(resumed), straight_weights)
+
+
+def test_a_cloud_notice_to_node_2_stops_both_nodes_and_resumes(cluster: nodes.Nodes,
+                                                                straight_weights: dict[str, torch.Tensor],
+                                                                tmp_path: Path) -> None:
+    """Issue 37 across nodes, under torchrun as on spot VMs: each node's local rank 0 asks its own AWS metadata
+    service (a server on the bridge's host address, which the node's namespace reaches). Node 1's never gives a
+    notice; node 2's gives one once global rank 2 has started batch 3. All four ranks stop at one step (143;
+    torchrun's agents exit 1), one checkpoint, every rank's log names the notice and who received it; the same
+    command, the notice gone, resumes and ends with the uninterrupted run's weights."""
+    at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(minutes=2)
+    notice = {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    env = {"DDP_SIGTERM_NOTICE": "aws", "DDP_SIGTERM_NOTICE_PERIOD": "0.1"}
+    with MetadataServer("aws", host=cluster.host_address) as quiet, \
+            MetadataServer("aws", host=cluster.host_address) as noticing:
+        services = {node: {"DDP_SIGTERM_NOTICE_URL": server.url} for node, server in enumerate((quiet, noticing))}
+        with once_reached(tmp_path / "stop", 2, 3, lambda: setattr(noticing, "notice", notice)) as served:
+            # 0.2 s steps: the notice, one poll away, comes well before the 20th
+            stopped = node_job(tmp_path / "stop", cluster, "torchrun", tmp_path, env=env, step_sleep=0.2,
+                               node_env=services)
+        why = stopped.describe()
+        assert served.is_set(), why
+        assert_stopped_in_unison(stopped, tmp_path)
+        assert set(stopped.returncodes.values()) == {1}, why
+        assert quiet.requests, f"node 1 never asked its service\n{why}"
+        named = re.escape(f"the aws preemption notice (terminate at {at.isoformat()})")
+        step = stopped.steps()[0]
+        node1, node2 = stopped.log("node0"), stopped.log("node1")
+        assert re.search(rf"rank 2 of 4: {named}.*received here at", node2), why
+        for rank, text in ((0, node1), (1, node1), (3, node2)):
+            assert re.search(rf"rank {rank} of 4: {named}.*received by rank 2, not here; every rank stops at step "
+                             rf"{step}", text), why
+        noticing.notice = None
+        resumed = node_job(tmp_path / "resume", cluster, "torchrun", tmp_path, env=env, node_env=services)
     assert_finished(resumed, steps=MAX_STEPS)
     assert min(o["batches_started"] for o in resumed.outcomes.values()) < MAX_STEPS, "it did not resume"
     torch.testing.assert_close(final_weights(resumed), straight_weights)

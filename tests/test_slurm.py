@@ -13,6 +13,7 @@ build/slurm-report.md), which make test-slurm prints.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import sys
@@ -24,6 +25,7 @@ import torch
 from ddp_sigterm_tests import slurm_cluster
 from ddp_sigterm_tests.harness import free_port
 from ddp_sigterm_tests.helpers import per_rank, saved_step, steps_done
+from ddp_sigterm_tests.metadata_server import MetadataServer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.scenario]
 
@@ -75,10 +77,10 @@ class ExampleJob(slurm_cluster.Job):
     ``<tmp>/checkpoints``."""
 
     def __init__(self, cluster: slurm_cluster.Cluster, tmp: Path, script: str, implementation: str,
-                 sbatch: list[str], args: list[str]) -> None:
+                 sbatch: list[str], args: list[str], env: dict[str, str] | None = None) -> None:
         self.root, self.implementation = tmp / "checkpoints", implementation
         env = {**cluster.env, "PYTHON": python_for(implementation), "ROOT": str(self.root), "PYTHONUNBUFFERED": "1",
-               "MASTER_PORT": str(free_port())}
+               "MASTER_PORT": str(free_port()), **(env or {})}
         if implementation == "patched":  # that Lightning stops every rank; OnExceptionCheckpoint saves the stop
             args = [*args, "--on-exception-checkpoint"]
         sbatch = [f"--chdir={REPO}", *sbatch, str(REPO / "examples" / "slurm" / f"{script}.sbatch"),
@@ -243,6 +245,41 @@ def test_preempted_job_stops_within_the_grace_time_is_requeued_and_finishes(clus
            f"stopped at step {step} ({codes_text(runs[0])}); 2nd: `JobState={fields['JobState']} "
            f"ExitCode={fields['ExitCode']}`", f"requeued {stopped_in:.1f} s after the high job's sbatch "
            f"(GraceTime={slurm_cluster.GRACE_TIME}); in all {time.monotonic() - job.submitted:.0f} s")
+
+
+def test_a_cloud_notice_stops_every_rank_requeues_the_job_and_it_resumes(cluster, tmp_path: Path) -> None:
+    """Issue 37 on a SLURM node that is a spot VM (its AWS metadata service: a server on 127.0.0.1 that the test
+    starts; the job has ``DDP_SIGTERM_NOTICE=aws``). The notice comes mid-training, before SLURM knows anything:
+    every rank stops at the same step, exits 143 and saves, and global rank 0 requeues the job, as it does for the
+    requeue signal. Its next run (the notice gone, as on a new VM) resumes and finishes."""
+    max_steps = 300  # ~15 s of steps: the second run's are most of the test's time
+    at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(minutes=2)
+    with MetadataServer("aws") as service:
+        job = ExampleJob(cluster, tmp_path, "trainer", "package", [], ["--max-steps", str(max_steps)],
+                         env={"DDP_SIGTERM_NOTICE": "aws", "DDP_SIGTERM_NOTICE_URL": service.url,
+                              "DDP_SIGTERM_NOTICE_PERIOD": "0.2"})
+        job.wait_for_step(20)
+        service.notice = {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        noticed = time.monotonic()
+        requeued = job.wait_requeued(timeout=60)
+        stopped_in = time.monotonic() - noticed
+        service.notice = None
+        job.start_now()
+        fields = job.wait_ended()
+    why = job.describe()
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why
+    runs = job.runs()
+    assert len(runs) == 2, why
+    step = assert_stopped_together(job, runs[0], "trainer", 143, requeued=True)
+    named = re.escape(f"the aws preemption notice (terminate at {at.isoformat()})")
+    assert re.search(rf"ddp_sigterm: {named} received, every rank stops at step {step}; checkpoint saved to .*; "
+                     rf"SLURM job {job.id} requeued: {named} came", runs[0]), why
+    assert_resumed_and_finished(job, runs[1], step, max_steps)
+    job.assert_nothing_left()
+    report("cloud notice (aws), package", job, f"1st run: stopped at step {step} ({codes_text(runs[0])}), then "
+           f"`JobState={requeued['JobState']} Restarts={requeued['Restarts']}`; 2nd: `JobState={fields['JobState']} "
+           f"ExitCode={fields['ExitCode']}`", f"requeued {stopped_in:.1f} s after the service first served the "
+           f"notice (polled every 0.2 s); in all {time.monotonic() - job.submitted:.0f} s")
 
 
 def test_preempted_job_with_the_patched_lightning_stops_but_is_not_requeued(cluster, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -349,6 +350,29 @@ def scontrol_calls(env: dict[str, str]) -> list[str]:
     """The argument lines the stub ``scontrol`` of ``env`` recorded, one per call."""
     calls = Path(env["SCONTROL_CALLS"])
     return calls.read_text().splitlines() if calls.exists() else []
+
+@contextlib.contextmanager
+def once_reached(out: Path, rank: int, batch: int, action: Callable[[], None]) -> Iterator[threading.Event]:
+    """Run ``action`` once rank ``rank`` of the job writing into ``out`` has started training batch ``batch``: what
+    the world outside the job does at that point (a metadata service starts serving a notice), from a thread of
+    the test's that leaving stops and joins. Yields an event set once ``action`` has run."""
+    done, leaving = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not leaving.wait(0.05):
+            if _reached(out, rank, batch):
+                action()
+                done.set()
+                return
+
+    thread = threading.Thread(target=watch, name=f"once-rank{rank}-reached-batch{batch}", daemon=True)
+    thread.start()
+    try:
+        yield done
+    finally:
+        leaving.set()
+        thread.join(timeout=10)
+
 
 def _reached(out: Path, rank: int, batch: int, phase: str = "train") -> bool:
     path = out / f"progress.rank{rank}"

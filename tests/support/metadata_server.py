@@ -1,6 +1,7 @@
-"""A cloud's metadata service on 127.0.0.1, as its documentation specifies it (docs/cloud-notices.md), for
-tests: what it serves (no notice, a notice, garbage, a slow answer) is set by the test while it runs, and
-every request it got is kept. Never a real metadata address: the tests point the package here.
+"""A cloud's metadata service on 127.0.0.1 (or an address the test made, such as the multi-node bridge's), as its
+documentation specifies it (docs/cloud-notices.md), for tests: what it serves (no notice, a notice, garbage, a slow
+answer) is set by the test while it runs, and every request it got is kept. Never a real metadata address: the tests
+point the package here.
 
     with MetadataServer("aws") as server:
         server.notice = {"action": "terminate", "time": "2026-12-06T12:00:00Z"}
@@ -44,9 +45,11 @@ class MetadataServer:
     before each answer; ``token_delay`` (AWS): before the token's only (in a container one hop too far,
     its answer never comes back). ``quiet_for``: the number of first requests answered as if there were
     no notice (a job's notice then comes some polls into its run). ``garbage``: answer 200 with an HTML
-    page to every request. Header names are kept in lower case."""
+    page to every request. Header names are kept in lower case. ``host``: the address it listens on, 127.0.0.1 or
+    one the test made (tests/support/nodes.py's bridge, which every node's namespace reaches)."""
 
-    def __init__(self, cloud: str, vm_name: str = "trainer-vm-1", imdsv2: str = "required") -> None:
+    def __init__(self, cloud: str, vm_name: str = "trainer-vm-1", imdsv2: str = "required",
+                 host: str = "127.0.0.1") -> None:
         self.cloud, self.vm_name, self.imdsv2 = cloud, vm_name, imdsv2
         self.notice: Any = [] if cloud == "azure" else None
         self.delay = self.token_delay = 0.0
@@ -56,14 +59,15 @@ class MetadataServer:
         self.requests: list[Request] = []
         self.tokens: set[str] = set()
         self._lock = threading.Lock()
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = http.server.ThreadingHTTPServer((host, 0), _handler(self))
         self._server.daemon_threads = True
         self._server.block_on_close = False  # a handler still in its delay does not hold up the test's end
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
 
     def __enter__(self) -> MetadataServer:
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name=f"metadata-{self.cloud}",

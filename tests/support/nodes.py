@@ -163,18 +163,20 @@ def available() -> str | None:
 def job(out: Path, cluster: Nodes, launcher: str, devices: int, scenario: Scenario | None = None,
         env: dict[str, str] | None = None, outside: OutsideSignal | None = None, timeout: float = 180.0,
         python: str = sys.executable, implementation: str = "package", script: Path = SCRIPT,
-        port: str = PORT) -> JobResult:
+        port: str = PORT, node_env: dict[int, dict[str, str]] | None = None) -> JobResult:
     """A scenario job (tests/support/scenario_train.py running ``scenario``) of ``devices`` ranks on each node, node N's
     processes in its namespace, labelled ``nodeN`` (``nodeN.rankR`` when each rank is a process of its own):
     ``torchrun`` (multi-node, c10d rendezvous on node 0), ``independent`` (one process per rank with MASTER_ADDR,
     as srun starts them) or ``lightning`` (one process per node; Lightning's launcher starts the node's other
-    ranks). ``implementation``: the fix ``python`` has (see scenario.Job)."""
+    ranks). ``implementation``: the fix ``python`` has (see scenario.Job). ``node_env``: node N's own variables,
+    over ``env``."""
     world = cluster.count * devices
-    base = job_environment(Job(scenario or Scenario(), str(out), devices=devices, num_nodes=cluster.count,
-                               implementation=implementation), env)
+    common = job_environment(Job(scenario or Scenario(), str(out), devices=devices, num_nodes=cluster.count,
+                                 implementation=implementation), env)
     master = {"MASTER_ADDR": cluster.address(0), "MASTER_PORT": port}
     commands: dict[str, tuple[list[str], dict[str, str]]] = {}
     for node in range(cluster.count):
+        base = {**common, **(node_env or {}).get(node, {})}
         if launcher == "torchrun":
             commands[f"node{node}"] = (cluster.torchrun(node, devices, [str(script)], python, port), base)
         elif launcher == "lightning":
