@@ -4,10 +4,11 @@ Per-step cost: each job interleaves its modes block by block (see job.py), so ev
 no-check baseline is measured inside one job; the environments (stock Lightning + the package, and
 the patched Lightning when .venv-patched exists) take turns, repetition after repetition. Stop
 latency: the environment's fix with its defaults, SIGTERM to rank 1. Agreement cost: the bare
-all-reduce at 2, 4 and 8 ranks. Writes docs/benchmarks.md and docs/benchmarks-overhead.png and
-prints one summary line per configuration.
+all-reduce at 2, 4 and 8 ranks. The cloud notice watcher: pairs of jobs without and with it. Writes
+docs/benchmarks.md and docs/benchmarks-overhead.png and prints one summary line per configuration.
 
     python benchmarks/bench.py [--reps 5] [--steps-ms 1,10,100] [--ranks 2,4] [--no-docs]
+    python benchmarks/bench.py --parts notice --no-docs   # one part only, its summary lines
     python benchmarks/bench.py --from-results build/bench-results.json   # rewrite the page only
 """
 
@@ -155,6 +156,52 @@ def oversubscribed(ranks: int) -> str:
     return f" (oversubscribed: {cores} cores)" if ranks > cores else ""
 
 
+# -- the cloud notice watcher ------------------------------------------------------------------------
+NOTICE_STEP_MS = 10.0
+
+
+def measure_notice(reps: int, ranks: int = TARGET_RANKS, step_ms: float = NOTICE_STEP_MS) -> dict[str, dict]:
+    """The watcher off and on (AWS, its default period, a metadata service on 127.0.0.1 that never gives a notice),
+    in pairs of jobs taking turns: it runs for the whole process, so one job's blocks cannot compare it. Per job,
+    the package's time per step and its ratio to the job's own no-check blocks; with it on, the watch thread's CPU
+    time (on the rank that polls) and the requests the service got."""
+    from ddp_sigterm_tests.metadata_server import MetadataServer
+
+    block, rounds = shape(step_ms, TARGET_LONGER)
+    base = {"BENCH_KIND": "cost", "BENCH_STEP": str(step_ms / 1000), "BENCH_STEPS": str(block * 2 * (rounds + 1)),
+            "BENCH_BLOCK": str(block), "BENCH_MODES": "nocheck,package"}
+    found: dict[str, dict[str, list[float]]] = {"off": {}, "on": {}}
+    for _ in range(reps):
+        for watch, row in found.items():
+            with MetadataServer("aws") as service:
+                env = {**base, **({"DDP_SIGTERM_NOTICE": "aws", "DDP_SIGTERM_NOTICE_URL": service.url}
+                                  if watch == "on" else {})}
+                job, results = run(Path(tempfile.mkdtemp(prefix="bench-")), STOCK_ENV, "job.py", ranks, env)
+                requests = len(service.requests)
+            ms = {m: statistics.median(statistics.median(r["durations"][m]) for r in results.values()) * 1000
+                  for m in ("nocheck", "package")}
+            row.setdefault("ms", []).append(ms["package"])
+            row.setdefault("ratio", []).append(ms["package"] / ms["nocheck"])
+            if watch == "on":
+                polled = [r["heartbeat"] for r in results.values() if "notice_cpu_s" in r["heartbeat"]]
+                if not polled or not requests:
+                    raise SystemExit(f"the notice watcher did not poll ({env}):\n{job.describe()}")
+                row.setdefault("pollers", []).append(len(polled))
+                row.setdefault("cpu_s", []).append(max(h["notice_cpu_s"] for h in polled))
+                row.setdefault("wall_s", []).append(max(h["wall_s"] for h in polled))
+                row.setdefault("requests", []).append(requests)
+    summary = {watch: {key: statistics.median(values) for key, values in row.items()} for watch, row in found.items()}
+    summary["on"]["pairs"] = [on / off for on, off in zip(found["on"]["ms"], found["off"]["ms"])]
+    on, off = summary["on"], summary["off"]
+    print(f"notice watcher, {ranks} ranks, {step_ms:g} ms work: package {off['ms']:.3f} ms/step off, {on['ms']:.3f} "
+          f"on ({(statistics.median(on['pairs']) - 1) * 100:+.1f}% per pair: "
+          f"{', '.join(f'{(r - 1) * 100:+.1f}' for r in on['pairs'])}); watch thread CPU {on['cpu_s'] * 1000:.1f} ms "
+          f"of {on['wall_s']:.1f} s ({on['cpu_s'] / on['wall_s'] * 100:.3f}%), {on['requests']:.0f} requests from "
+          f"{on['pollers']:.0f} pollers",
+          flush=True)
+    return summary
+
+
 # -- the page --------------------------------------------------------------------------------------------
 def machine() -> str:
     model = "unknown CPU"
@@ -198,7 +245,8 @@ def plot(costs: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def page(args, costs, latencies, collective, started: datetime.datetime, seconds: float, command: str) -> str:
+def page(args, costs, latencies, collective, started: datetime.datetime, seconds: float, command: str,
+         notice: dict | None = None) -> str:
     lines = ["# Benchmarks", "",
              "What the SIGTERM check costs per training step, and how fast a stop happens, measured side by side",
              "with stock Lightning. Generated by `make bench`; do not edit by hand.", "",
@@ -248,6 +296,21 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
                     lines.append(f"| {ranks} | {step_ms:g} ms | {LABELS[name]} | {hb['cpu_s'] * 1000:.1f} ms | "
                                  f"{hb['waited_s'] * 1000:.1f} ms | {hb['wall_s']:.1f} s: "
                                  f"{heartbeat_share(hb):.2f}% |")
+    if notice:
+        on, off = notice["on"], notice["off"]
+        lines += ["", "**The cloud notice watcher** (`notice=aws` at its default period, against a metadata service on "
+                  "127.0.0.1 that never gives a notice: docs/cloud-notices.md) also runs for the whole process, so it "
+                  f"is measured in pairs of jobs, without and with it, taking turns ({len(on['pairs'])} pairs, "
+                  f"{TARGET_RANKS} ranks, {NOTICE_STEP_MS:g} ms of work per step; medians). Across jobs the noise is "
+                  "the ±15% above; the watch thread's CPU time is measured directly, on the rank that polls (here each "
+                  "rank is started as a node of its own, so each polls).", "",
+                  "| watcher | package per step | vs its job's no-check blocks | watch thread CPU | requests |",
+                  "|---|---|---|---|---|",
+                  f"| off | {off['ms']:.2f} ms | {(off['ratio'] - 1) * 100:+.1f}% | — | — |",
+                  f"| on | {on['ms']:.2f} ms ({(statistics.median(on['pairs']) - 1) * 100:+.1f}% per pair) | "
+                  f"{(on['ratio'] - 1) * 100:+.1f}% | {on['cpu_s'] * 1000:.1f} ms of {on['wall_s']:.1f} s: "
+                  f"{on['cpu_s'] / on['wall_s'] * 100:.3f}% | {on['requests']:.0f} per job, from "
+                  f"{on['pollers']:.0f} pollers |"]
     lines += ["", NOTES["findings"], "## Stop latency", "",
               f"SIGTERM to rank 1 at the start of a training batch late in the run, "
               f"2 ranks, {args.reps} runs each, medians. *agreed*: signal to the agreed stop (package only: the "
@@ -281,13 +344,13 @@ def page(args, costs, latencies, collective, started: datetime.datetime, seconds
 NOTES = {name: (Path(__file__).resolve().parent / f"{name}_notes.md").read_text() for name in ("findings", "scale")}
 
 
-def load_results(path: Path) -> tuple[dict, dict, dict]:
+def load_results(path: Path) -> tuple[dict, dict, dict, dict | None]:
     """The measurements of an earlier run (JSON turns the numeric keys into strings)."""
     raw = json.loads(path.read_text())
     costs = {int(r): {float(s): v for s, v in by_step.items()} for r, by_step in raw["costs"].items()}
     latencies = {float(s): v for s, v in raw["latencies"].items()}
     collective = {int(w): v for w, v in raw["collective"].items()}
-    return costs, latencies, collective
+    return costs, latencies, collective, raw.get("notice")
 
 
 def main() -> None:
@@ -298,16 +361,22 @@ def main() -> None:
     parser.add_argument("--steps-ms", default="1,10,100")
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--collective-ranks", default="2,4,8")
+    parser.add_argument("--notice-reps", type=int, default=5, help="pairs of jobs for the notice watcher's cost")
+    parser.add_argument("--parts", default="cost,latency,collective,notice",
+                        help="what to measure (a page needs them all; --no-docs for fewer)")
     parser.add_argument("--no-docs", action="store_true", help="print the summary lines only")
     parser.add_argument("--from-results", type=Path, help="rewrite the page from an earlier run's JSON")
     args = parser.parse_args()
     if args.from_results:
         write_docs(args, *load_results(args.from_results), json.loads(args.from_results.read_text()))
         return
+    parts = set(args.parts.split(","))
+    if parts - {"cost", "latency", "collective", "notice"} or (not args.no_docs and len(parts) < 4):
+        parser.error("--parts: cost, latency, collective and notice; the page needs all four (or --no-docs)")
     started, clock = datetime.datetime.now(datetime.timezone.utc), datetime.datetime.now().timestamp()
     step_times = [float(s) for s in args.steps_ms.split(",")]
     costs: dict[int, dict[float, dict]] = {}
-    for ranks in [int(r) for r in args.ranks.split(",")]:
+    for ranks in [int(r) for r in args.ranks.split(",")] if "cost" in parts else []:
         for step_ms in step_times:
             if ranks == TARGET_RANKS:
                 summary = measure_cost(step_ms, ranks, args.target_reps, longer=TARGET_LONGER)
@@ -319,28 +388,29 @@ def main() -> None:
                       f"{row['ms']:8.3f} ms/step, {(row['ratio'] - 1) * 100:+5.1f}% vs no check "
                       f"(per job: {', '.join(f'{(r - 1) * 100:+.1f}' for r in row['ratios'])})", flush=True)
     latencies = {}
-    for step_ms in step_times:
+    for step_ms in step_times if "latency" in parts else []:
         latencies[step_ms] = measure_latency(step_ms, args.reps)
         for name, row in latencies[step_ms].items():
             agreed = f"agreed {row['decided'] * 1000:.0f} ms, " if row["decided"] is not None else ""
             print(f"latency, 2 ranks, {step_ms:g} ms work, {name}: {agreed}{row['steps']:.0f} steps after, "
                   f"exception {row['exception'] * 1000:.0f} ms, all exited {row['exited'] * 1000:.0f} ms", flush=True)
-    collective = measure_collective([int(r) for r in args.collective_ranks.split(",")])
+    collective = measure_collective([int(r) for r in args.collective_ranks.split(",")]) if "collective" in parts else {}
+    notice = measure_notice(args.notice_reps) if "notice" in parts else None
     command = " ".join(["python", "benchmarks/bench.py"] + sys.argv[1:])
-    raw = {"costs": costs, "latencies": latencies, "collective": collective, "started": started.isoformat(),
-           "seconds": datetime.datetime.now().timestamp() - clock, "command": command}
+    raw = {"costs": costs, "latencies": latencies, "collective": collective, "notice": notice,
+           "started": started.isoformat(), "seconds": datetime.datetime.now().timestamp() - clock, "command": command}
     (ROOT / "build").mkdir(exist_ok=True)
     (ROOT / "build" / "bench-results.json").write_text(json.dumps(raw, indent=1, default=str))
     if not args.no_docs:
-        write_docs(args, costs, latencies, collective, raw)
+        write_docs(args, costs, latencies, collective, notice, raw)
 
 
-def write_docs(args, costs: dict, latencies: dict, collective: dict, raw: dict) -> None:
+def write_docs(args, costs: dict, latencies: dict, collective: dict, notice: dict | None, raw: dict) -> None:
     """The plot and the page, from the measurements and the run's record (start, duration, command)."""
     plot(costs, ROOT / "docs" / "benchmarks-overhead.png")
     started = datetime.datetime.fromisoformat(raw["started"])
     (ROOT / "docs" / "benchmarks.md").write_text(
-        page(args, costs, latencies, collective, started, raw["seconds"], raw["command"]))
+        page(args, costs, latencies, collective, started, raw["seconds"], raw["command"], notice))
     print("wrote docs/benchmarks.md and docs/benchmarks-overhead.png")
 
 

@@ -15,7 +15,8 @@ Comparing the modes inside one job, block against block, keeps the noise of a bu
 to the next one's; a block's first and last steps are dropped (a mode switch falls there).
 Writes ``bench.rank<R>.json``: ``{"durations": {mode: [seconds, ...]}}``, and ``heartbeat``: what the package's
 heartbeat cost this rank over the whole job (it runs through every block, so the modes' ratios cannot show
-it): the seconds its thread spent on the CPU and the seconds the main thread waited for a heartbeat result.
+it): the seconds its thread spent on the CPU and the seconds the main thread waited for a heartbeat result;
+with the cloud notice watcher on (DDP_SIGTERM_NOTICE), ``notice_cpu_s``: the CPU seconds of its thread.
 
 ``latency``: the environment's own fix with its defaults; rank BENCH_SIGNAL_RANK sends itself
 SIGTERM at the start of training batch BENCH_SIGNAL_BATCH. Writes when the signal was sent, the
@@ -107,6 +108,7 @@ class HeartbeatCost(Callback):
     """Times the main thread's waits for heartbeat results and reads the heartbeat thread's CPU clock."""
 
     THREADS = ("ddp_sigterm-heartbeat",)  # the package's (the patch has none)
+    NOTICE_THREAD = "ddp_sigterm-notice"
 
     def __init__(self) -> None:
         self.waited = 0.0
@@ -135,6 +137,10 @@ class HeartbeatCost(Callback):
         cpu = sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads if t.ident)
         self.cost = {"threads": len(threads), "cpu_s": cpu, "waited_s": self.waited,
                      "wall_s": time.perf_counter() - self.started}
+        # the cloud notice watcher's thread (BENCH_NOTICE jobs: local rank 0 polls a metadata service)
+        watch = [t for t in threading.enumerate() if t.name == self.NOTICE_THREAD and t.ident]
+        if watch:
+            self.cost["notice_cpu_s"] = time.clock_gettime(time.pthread_getcpuclockid(watch[0].ident))
 
 
 class SignalAt(Callback):
