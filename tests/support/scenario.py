@@ -57,6 +57,21 @@ class Scenario:
     so rank 0 then predicts one batch more than the others."""
     num_workers: int = 0
     """DataLoader workers of every loader (persistent when there are any)."""
+    train_loader: str = "plain"
+    """The training loader's class: ``plain`` (torch's DataLoader, which has no position to save) or ``stateful``
+    (torchdata's StatefulDataLoader: Lightning saves its position in a checkpoint and restores it)."""
+    shuffle: str = ""
+    """How the training loader shuffles: not at all (``""``); ``loader``: ``shuffle=True`` (Lightning puts its
+    DistributedSampler in, over torchdata's own RandomSampler for a StatefulDataLoader); ``sampler``: the loader
+    gets a shuffling distributed sampler (torchdata's StatefulDistributedSampler for a StatefulDataLoader, torch's
+    DistributedSampler otherwise), which Lightning leaves in place."""
+    record_samples: bool = False
+    """Each rank appends the dataset indices of every training batch to ``samples.rank<R>`` in the job's directory,
+    a line per step: ``<global step> <index> ...`` (the file is kept across jobs in one directory: a stop's and its
+    resume's lines follow each other)."""
+    stepping_batches: bool = False
+    """``configure_optimizers`` reads ``trainer.estimated_stepping_batches``, as a OneCycleLR schedule does: Lightning
+    then sets the training data up before it restores a checkpoint (Lightning #20550)."""
     data_by_step: bool = False
     """Training batches are drawn from (global step, rank), not read from the DataLoader. Lightning resumes a stop
     inside an epoch at the epoch's first batch (a plain DataLoader has no position to restore); with this, a
@@ -101,6 +116,10 @@ class Scenario:
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
             raise ValueError(f"unknown stage {self.stage!r}; known: {', '.join(STAGES)}")
+        if self.train_loader not in ("plain", "stateful"):
+            raise ValueError(f"unknown train_loader {self.train_loader!r}; known: plain, stateful")
+        if self.shuffle not in ("", "loader", "sampler"):
+            raise ValueError(f"unknown shuffle {self.shuffle!r}; known: '', loader, sampler")
         if self.trainer_package not in TRAINER_PACKAGES:
             raise ValueError(f"unknown Trainer package {self.trainer_package!r}; known: {', '.join(TRAINER_PACKAGES)}")
         self.injections()  # a typo fails in the test, not as a job that was never signalled

@@ -18,10 +18,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 from ddp_sigterm_tests.scenario import Job
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 JOB = Job.read()
 SCENARIO = JOB.scenario
@@ -75,7 +76,7 @@ class Numbers(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
+        return self.x[i], self.y[i], i
 
 
 class Model(pl.LightningModule):
@@ -91,7 +92,10 @@ class Model(pl.LightningModule):
         time.sleep(slow[1] if slow and injector.batch >= slow[0] else SCENARIO.step_sleep)
         if self.global_step == SCENARIO.raise_at_step:
             raise RuntimeError(f"rank {self.global_rank} crashes at step {self.global_step} (raise_at_step)")
-        x, y = batch
+        x, y, index = batch
+        if SCENARIO.record_samples:
+            with open(os.path.join(OUT, f"samples.rank{self.global_rank}"), "a") as samples:
+                samples.write(f"{self.global_step} {' '.join(str(int(i)) for i in index)}\n")
         if SCENARIO.data_by_step:
             generator = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
             x, y = torch.randn(x.shape, generator=generator), torch.randn(y.shape, generator=generator)
@@ -103,7 +107,7 @@ class Model(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         injector.at("validation", batch_idx + 1)
         time.sleep(VAL_SLEEP)
-        x, y = batch
+        x, y, _ = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
 
     def test_step(self, batch, batch_idx):
@@ -121,24 +125,36 @@ class Model(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.05)
+        if SCENARIO.stepping_batches:  # as OneCycleLR(total_steps=...) does: Lightning sets the data up here
+            assert self.trainer.estimated_stepping_batches > 0
         if not SCENARIO.epoch_lr_decay:
             return optimizer
         # halves the learning rate at every epoch end: a resume that loses or repeats that step shows in the weights
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
 
     def train_dataloader(self):
-        return self._loader(SCENARIO.batches)
+        kind, sampler = DataLoader, DistributedSampler
+        if SCENARIO.train_loader == "stateful":
+            from torchdata.stateful_dataloader import StatefulDataLoader
+            from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+            kind, sampler = StatefulDataLoader, StatefulDistributedSampler
+        return self._loader(SCENARIO.batches, kind=kind, shuffle=SCENARIO.shuffle == "loader",
+                            sampler=(lambda dataset: sampler(dataset, shuffle=True)) if SCENARIO.shuffle == "sampler"
+                            else None)
 
     def val_dataloader(self):
         return self._loader(SCENARIO.val_batches, extra=int(SCENARIO.uneven))
 
     test_dataloader = predict_dataloader = val_dataloader
 
-    def _loader(self, batches: int, extra: int = 0) -> DataLoader:
+    def _loader(self, batches: int, extra: int = 0, kind: type = DataLoader, shuffle: bool = False,
+                sampler: Callable[[Dataset], Sampler] | None = None) -> DataLoader:
         world = self.trainer.world_size
         workers = SCENARIO.num_workers
-        return DataLoader(Numbers(batches * 4 * world + extra), batch_size=4, num_workers=workers,
-                          persistent_workers=workers > 0)
+        dataset = Numbers(batches * 4 * world + extra)
+        return kind(dataset, batch_size=4, num_workers=workers, shuffle=shuffle,
+                    sampler=None if sampler is None else sampler(dataset), persistent_workers=workers > 0)
 
 
 class Injector(Callback):
