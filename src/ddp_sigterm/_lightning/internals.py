@@ -61,6 +61,9 @@ TRAINER = (
     Internal("_teardown", "Lightning's last step for an exception: ddp_spawn's launching process exits after it"),
     Internal("fit_loop.epoch_loop._should_accumulate", "a stop waits for the optimizer step"),
     Internal("fit_loop.epoch_loop._broadcast_sigterm_tensor", "rank 0's per-batch broadcast, switched off", "2.5.2"),
+    Internal("fit_loop._combined_loader", "the training loaders, whose saved positions a resume gives back"),
+    Internal("fit_loop._combined_loader_states_to_load", "the positions Lightning left pending (#20550)"),
+    Internal("fit_loop._data_fetcher", "its iterator, made again from the positions"),
 )
 FABRIC = (
     Internal("_validate_launched", "Fabric's own error when unison_stop() comes before launch()"),
@@ -207,6 +210,42 @@ def hpc_checkpoint(trainer: Any, directory: str) -> tuple[str, Callable[[], dict
     checkpoint's contents."""
     connector = trainer._checkpoint_connector
     return connector.hpc_save_path(directory), lambda: connector.dump_checkpoint(weights_only=False)
+
+
+def saved_loader_positions(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+    """The training loaders' positions (their ``state_dict``, in the order of the fit's loaders) that the fit loop
+    saved in ``checkpoint``; empty where no loader had one."""
+    return list(checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader", []))
+
+
+def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> bool:
+    """At the start of a resumed fit, give the training loaders back ``positions`` (see
+    :func:`saved_loader_positions`) for the epoch the fit resumes in, and make the data fetcher's iterator again
+    from them. Lightning loads the positions before the loop sets its samplers' epoch: a shuffling sampler that
+    draws its order as the iterator is made (torch's DistributedSampler, or any sampler the loader's workers
+    prefetch from) then resumes in epoch 0's order at the saved offset. And it drops them when the data was set up
+    before the restore (``trainer.estimated_stepping_batches`` in ``configure_optimizers``: #20550). True if it
+    gave any back."""
+    fit_loop = trainer.fit_loop
+    loaders, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
+    if not positions or loaders is None or fetcher is None:
+        return False
+    # the fit loop saved one position per loader that has state_dict and load_state_dict, in this order
+    stateful = [loader for loader in loaders.flattened
+                if all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))]
+    if len(stateful) != len(positions):  # not the loaders that were saved: Lightning raises on its own path
+        return False
+    epoch = fit_loop.epoch_progress.current.processed
+    for loader in loaders.flattened:
+        samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+        for set_epoch in {id(sampler): getattr(sampler, "set_epoch", None) for sampler in samplers}.values():
+            if callable(set_epoch):
+                set_epoch(epoch)
+    for loader, position in zip(stateful, positions):
+        loader.load_state_dict(position)
+    fit_loop._combined_loader_states_to_load = []  # given back here, where Lightning dropped them (#20550)
+    iter(fetcher)
+    return True
 
 
 def _no_broadcast() -> None:

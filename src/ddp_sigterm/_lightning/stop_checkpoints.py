@@ -16,6 +16,11 @@ from ddp_sigterm._core.log import logger
 _NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
 
+def is_one(path: object) -> bool:
+    """Whether ``path`` (a path or URL, or None) names a stop checkpoint."""
+    return path is not None and _NAME.fullmatch(str(path).rstrip("/").rsplit("/", 1)[-1]) is not None
+
+
 def saved(directory: str) -> list[str]:
     """The stop checkpoints in ``directory``, oldest (lowest ``N``) first, as paths in the form of
     ``directory`` (a URL stays a URL). Empty if the directory does not exist."""

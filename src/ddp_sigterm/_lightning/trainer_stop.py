@@ -18,6 +18,11 @@ not imported here. What it changes in the Trainer it is attached to, for the dur
   ``should_stop``; at the agreed stop each rank saves ``hpc_ckpt_<N>.ckpt`` (during ``fit``) and
   raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``. A save
   or requeue that fails on any rank makes every rank raise :class:`StopError` instead.
+* A fit resumed from a stop checkpoint gives its stateful training loaders (``state_dict`` and
+  ``load_state_dict``, as torchdata's StatefulDataLoader) their saved positions again at the start of
+  training, after setting the samplers' epoch, and makes the data fetcher's iterator again: Lightning gives
+  them back before the epoch is set, and drops them when the data was set up before the restore (#20550).
+  A plain DataLoader has no position: the stop says so, once, on rank 0.
 * Evaluation and prediction loops may run a different number of batches per rank (prediction
   shards without padding): at the first hook after such a loop (``on_*_epoch_end``) each rank
   waits, still agreeing, until every rank has left it.
@@ -79,6 +84,7 @@ class TrainerStop(Integration):
         self.trainer_settings = resolve(TrainerSettings, **own)
         self._coordinator: StopCoordinator | None = None
         self._trainer: Any | None = None
+        self._loader_positions: list[dict[str, Any]] = []  # from the checkpoint a fit resumes from
 
     # -- set-up and tear-down ------------------------------------------------------------------
     def _steps_aside(self, trainer: Any) -> bool:
@@ -169,6 +175,16 @@ class TrainerStop(Integration):
     # -- check points --------------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._on_stage_start()
+        # a resume from a stop checkpoint (hpc_ckpt_<N>.ckpt) gets its loaders' positions back in the epoch it
+        # resumes in; any other resume is left as stock Lightning runs it
+        positions, self._loader_positions = self._loader_positions, []
+        if self._coordinator is not None and stop_checkpoints.is_one(trainer.ckpt_path) \
+                and internals.restore_loader_positions(trainer, positions):
+            self.lightning.rank_zero_info(f"ddp_sigterm: the training loaders resume where the stop left them, in "
+                                          f"epoch {trainer.current_epoch}")
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self._loader_positions = internals.saved_loader_positions(checkpoint)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._on_stage_start()
@@ -255,6 +271,12 @@ class TrainerStop(Integration):
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
             saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step)
             agreed += f"; checkpoint saved to {saved}"
+            positionless = _positionless(trainer.train_dataloader) if trainer.is_global_zero else []
+            if positionless:
+                logger.warning("ddp_sigterm: the training DataLoader's position in its epoch is not saved (%s has no "
+                               "state_dict): the resumed run starts this epoch over and trains again on its batches "
+                               "so far. torchdata's StatefulDataLoader, a drop-in replacement, is saved and restored "
+                               "(docs/trainer.md)", ", ".join(positionless))
         if coordinator.requeue_signal is not None:  # SLURM, auto-requeue on
             requeued = _requeue(trainer, coordinator, decision, coordinator.requeue_signal, step)
             agreed += f"; SLURM job {requeued}" if requeued else ""
@@ -262,6 +284,18 @@ class TrainerStop(Integration):
         exception = self.lightning.sigterm_exception(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]  # what every rank agreed, for the curious
         return exception
+
+
+def _positionless(iterables: Any) -> list[str]:
+    """The class names of the training loaders in ``trainer.train_dataloader`` (a loader, or lists, tuples and
+    dicts of them) whose position a checkpoint cannot hold: Lightning saves and restores the ``state_dict`` of
+    those that have ``state_dict`` and ``load_state_dict``."""
+    if isinstance(iterables, dict):
+        return [name for value in iterables.values() for name in _positionless(value)]
+    if isinstance(iterables, (list, tuple)):
+        return [name for value in iterables for name in _positionless(value)]
+    saved = all(callable(getattr(iterables, name, None)) for name in ("state_dict", "load_state_dict"))
+    return [] if iterables is None or saved else [type(iterables).__name__]
 
 
 def _same_world(world_size: int) -> bool:
