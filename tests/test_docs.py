@@ -26,6 +26,7 @@ EXTERNAL = {
     "https://semver.org/spec/v2.0.0.html",
     "https://github.com/python/cpython/issues/112275",
     "https://github.com/python/cpython/pull/112336",
+    "https://github.com/Lightning-AI/pytorch-lightning/issues/20550",  # a stateful loader's state dropped on resume
 }
 
 

@@ -264,12 +264,8 @@ def test_a_cloud_notice_stops_every_rank_requeues_the_job_and_it_resumes(cluster
         requeued = job.wait_requeued(timeout=60)
         stopped_in = time.monotonic() - noticed
         service.notice = None
-        job.start_now()
-        fields = job.wait_ended()
+        fields, runs = run_again_to_completion(job)
     why = job.describe()
-    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), why
-    runs = job.runs()
-    assert len(runs) == 2, why
     step = assert_stopped_together(job, runs[0], "trainer", 143, requeued=True)
     named = re.escape(f"the aws preemption notice (terminate at {at.isoformat()})")
     assert re.search(rf"ddp_sigterm: {named} received, every rank stops at step {step}; checkpoint saved to .*; "
@@ -336,6 +332,12 @@ def finish_after_preemptor(job: ExampleJob, high: str) -> tuple[dict[str, str], 
     """Once the preemptor ``high`` has completed, the requeued ``job`` runs again at once and completes, on its
     second run: its record and the output of each run."""
     job.wait(f"end of high job {high}", lambda: job.cluster.job(high).get("JobState") == "COMPLETED", 60)
+    return run_again_to_completion(job)
+
+
+def run_again_to_completion(job: ExampleJob) -> tuple[dict[str, str], list[str]]:
+    """The requeued ``job`` runs again at once and completes, on its second run: its record and the output of each
+    run."""
     job.start_now()
     fields = job.wait_ended()
     why = job.describe()
