@@ -30,7 +30,7 @@ from ddp_sigterm_tests.helpers import (
     per_rank,
     saved_step,
 )
-from ddp_sigterm_tests.metadata_server import MetadataServer
+from ddp_sigterm_tests.metadata_server import MetadataServer, aws_instance_action
 from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = [pytest.mark.multinode, pytest.mark.scenario]
@@ -126,7 +126,7 @@ def test_a_cloud_notice_to_node_2_stops_both_nodes_and_resumes(cluster: nodes.No
     torchrun's agents exit 1), one checkpoint, every rank's log names the notice and who received it; the same
     command, the notice gone, resumes and ends with the uninterrupted run's weights."""
     at = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0) + datetime.timedelta(minutes=2)
-    notice = {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    notice = aws_instance_action(at)
     env = {"DDP_SIGTERM_NOTICE": "aws", "DDP_SIGTERM_NOTICE_PERIOD": "0.1"}
     with MetadataServer("aws", host=cluster.host_address) as quiet, \
             MetadataServer("aws", host=cluster.host_address) as noticing:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ddp_sigterm_tests.harness import run_job, scontrol_calls, stub_scontrol
 from ddp_sigterm_tests.helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished, assert_unison_stop, fit
-from ddp_sigterm_tests.metadata_server import MetadataServer, azure_event
+from ddp_sigterm_tests.metadata_server import MetadataServer, aws_instance_action, azure_event
 from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = pytest.mark.scenario
@@ -25,7 +25,7 @@ ENV = {"DDP_SIGTERM_NOTICE_PERIOD": "0.1"}
 
 def notice_of(cloud: str, at: datetime.datetime) -> object:
     if cloud == "aws":
-        return {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return aws_instance_action(at)
     if cloud == "gce":
         return True
     return [azure_event("node-1", not_before=at.strftime("%a, %d %b %Y %H:%M:%S GMT"))]

@@ -25,7 +25,7 @@ import torch
 from ddp_sigterm_tests import slurm_cluster
 from ddp_sigterm_tests.harness import free_port
 from ddp_sigterm_tests.helpers import per_rank, saved_step, steps_done
-from ddp_sigterm_tests.metadata_server import MetadataServer
+from ddp_sigterm_tests.metadata_server import MetadataServer, aws_instance_action
 
 pytestmark = [pytest.mark.slurm, pytest.mark.scenario]
 
@@ -259,7 +259,7 @@ def test_a_cloud_notice_stops_every_rank_requeues_the_job_and_it_resumes(cluster
                          env={"DDP_SIGTERM_NOTICE": "aws", "DDP_SIGTERM_NOTICE_URL": service.url,
                               "DDP_SIGTERM_NOTICE_PERIOD": "0.2"})
         job.wait_for_step(20)
-        service.notice = {"action": "terminate", "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        service.notice = aws_instance_action(at)
         noticed = time.monotonic()
         requeued = job.wait_requeued(timeout=60)
         stopped_in = time.monotonic() - noticed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import http.server
 import json
 import threading
@@ -21,6 +22,11 @@ from typing import Any
 
 AWS_TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"  # noqa: S105 (a header's name)
 AWS_TOKEN_HEADER = "X-aws-ec2-metadata-token"  # noqa: S105 (a header's name)
+
+
+def aws_instance_action(at: datetime.datetime, action: str = "terminate") -> dict[str, str]:
+    """AWS's ``spot/instance-action`` answer for an interruption at ``at`` (UTC)."""
+    return {"action": action, "time": at.strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def azure_event(*resources: str, event_type: str = "Preempt",
