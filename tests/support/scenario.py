@@ -61,10 +61,10 @@ class Scenario:
     """The training loader's class: ``plain`` (torch's DataLoader, which has no position to save) or ``stateful``
     (torchdata's StatefulDataLoader: Lightning saves its position in a checkpoint and restores it)."""
     shuffle: str = ""
-    """How the training loader shuffles: not at all (``""``); ``loader``: ``shuffle=True`` (Lightning puts its
-    DistributedSampler in, over torchdata's own RandomSampler for a StatefulDataLoader); ``sampler``: the loader
-    gets a shuffling distributed sampler (torchdata's StatefulDistributedSampler for a StatefulDataLoader, torch's
-    DistributedSampler otherwise), which Lightning leaves in place."""
+    """What shuffles the training data: ``""``, the DistributedSampler Lightning puts in (it shuffles training data
+    by epoch whatever the loader says); ``sampler``, a shuffling distributed sampler the loader is given
+    (torchdata's StatefulDistributedSampler for a StatefulDataLoader, torch's DistributedSampler otherwise), which
+    Lightning leaves in place."""
     record_samples: bool = False
     """Each rank appends the dataset indices of every training batch to ``samples.rank<R>`` in the job's directory,
     a line per step: ``<global step> <index> ...`` (the file is kept across jobs in one directory: a stop's and its
@@ -118,8 +118,8 @@ class Scenario:
             raise ValueError(f"unknown stage {self.stage!r}; known: {', '.join(STAGES)}")
         if self.train_loader not in ("plain", "stateful"):
             raise ValueError(f"unknown train_loader {self.train_loader!r}; known: plain, stateful")
-        if self.shuffle not in ("", "loader", "sampler"):
-            raise ValueError(f"unknown shuffle {self.shuffle!r}; known: '', loader, sampler")
+        if self.shuffle not in ("", "sampler"):
+            raise ValueError(f"unknown shuffle {self.shuffle!r}; known: '', sampler")
         if self.trainer_package not in TRAINER_PACKAGES:
             raise ValueError(f"unknown Trainer package {self.trainer_package!r}; known: {', '.join(TRAINER_PACKAGES)}")
         self.injections()  # a typo fails in the test, not as a job that was never signalled

@@ -139,7 +139,7 @@ class Model(pl.LightningModule):
             from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
             kind, sampler = StatefulDataLoader, StatefulDistributedSampler
-        return self._loader(SCENARIO.batches, kind=kind, shuffle=SCENARIO.shuffle == "loader",
+        return self._loader(SCENARIO.batches, kind=kind,
                             sampler=(lambda dataset: sampler(dataset, shuffle=True)) if SCENARIO.shuffle == "sampler"
                             else None)
 
@@ -148,12 +148,12 @@ class Model(pl.LightningModule):
 
     test_dataloader = predict_dataloader = val_dataloader
 
-    def _loader(self, batches: int, extra: int = 0, kind: type = DataLoader, shuffle: bool = False,
+    def _loader(self, batches: int, extra: int = 0, kind: type = DataLoader,
                 sampler: Callable[[Dataset], Sampler] | None = None) -> DataLoader:
         world = self.trainer.world_size
         workers = SCENARIO.num_workers
         dataset = Numbers(batches * 4 * world + extra)
-        return kind(dataset, batch_size=4, num_workers=workers, shuffle=shuffle,
+        return kind(dataset, batch_size=4, num_workers=workers,
                     sampler=None if sampler is None else sampler(dataset), persistent_workers=workers > 0)
 
 

@@ -218,6 +218,12 @@ def saved_loader_positions(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
     return list(checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader", []))
 
 
+def has_position(loader: Any) -> bool:
+    """Whether the fit loop saves ``loader``'s position in a checkpoint: it has ``state_dict`` and
+    ``load_state_dict`` (torchdata's StatefulDataLoader; torch's DataLoader has neither)."""
+    return all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))
+
+
 def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> bool:
     """At the start of a resumed fit, give the training loaders back ``positions`` (see
     :func:`saved_loader_positions`) for the epoch the fit resumes in, and make the data fetcher's iterator again
@@ -231,8 +237,7 @@ def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> b
     if not positions or loaders is None or fetcher is None:
         return False
     # the fit loop saved one position per loader that has state_dict and load_state_dict, in this order
-    stateful = [loader for loader in loaders.flattened
-                if all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))]
+    stateful = [loader for loader in loaders.flattened if has_position(loader)]
     if len(stateful) != len(positions):  # not the loaders that were saved: Lightning raises on its own path
         return False
     epoch = fit_loop.epoch_progress.current.processed

@@ -288,14 +288,12 @@ class TrainerStop(Integration):
 
 def _positionless(iterables: Any) -> list[str]:
     """The class names of the training loaders in ``trainer.train_dataloader`` (a loader, or lists, tuples and
-    dicts of them) whose position a checkpoint cannot hold: Lightning saves and restores the ``state_dict`` of
-    those that have ``state_dict`` and ``load_state_dict``."""
+    dicts of them) whose position a checkpoint cannot hold (see :func:`internals.has_position`)."""
     if isinstance(iterables, dict):
         return [name for value in iterables.values() for name in _positionless(value)]
     if isinstance(iterables, (list, tuple)):
         return [name for value in iterables for name in _positionless(value)]
-    saved = all(callable(getattr(iterables, name, None)) for name in ("state_dict", "load_state_dict"))
-    return [] if iterables is None or saved else [type(iterables).__name__]
+    return [] if iterables is None or internals.has_position(iterables) else [type(iterables).__name__]
 
 
 def _same_world(world_size: int) -> bool:
