@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -43,9 +44,27 @@ EXPECT_LIGHTNING = os.environ.get("SCENARIO_EXPECT_LIGHTNING")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on, for a server a job starts (``MASTER_PORT``, a test's HTTP
+    server). Drawn below the kernel's ephemeral range: a port the kernel hands out for port 0 is one it also gives
+    any process's outgoing connection (gloo makes many), so in the moment before the job listens on it another
+    test's job could take it (EADDRINUSE, seen once in make test). Each pytest-xdist worker draws from its own
+    slice, so two tests running side by side never draw the same port."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    ports = list(range(PORTS_FROM + worker, max(ephemeral, PORTS_FROM + 1000), workers))
+    for port in _random.sample(ports, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or a past job's connection still in TIME_WAIT
+                continue
+            return port
+    raise RuntimeError(f"no free port among 200 tries in {ports[0]}-{ports[-1]}")
+
+
+PORTS_FROM = 20000
+_random = random.Random()  # not the tests' seeded global state
 
 
 @contextlib.contextmanager
