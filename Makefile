@@ -100,13 +100,13 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 # Every venv that runs the suite's jobs also has its support package, tests/support (ddp_sigterm_tests), editable.
 SUPPORT := -e tests/support
 $(VENV)/.installed: pyproject.toml tests/support/pyproject.toml requirements/constraints.txt requirements/test.txt \
-		requirements/storage.txt
+		requirements/storage.txt requirements/loggers.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
 	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt \
-		-r requirements/storage.txt -e ".[lightning,pytorch-lightning]" $(SUPPORT)
+		-r requirements/storage.txt -r requirements/loggers.txt -e ".[lightning,pytorch-lightning]" $(SUPPORT)
 	touch $@
 
 $(VENV)/.lint-installed: $(VENV)/.installed requirements/lint.txt

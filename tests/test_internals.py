@@ -46,13 +46,50 @@ def test_every_lightning_internal_the_package_reaches_is_there(distribution: str
     version = importlib.import_module(trainer_package).__version__
     fabric = importlib.import_module(fabric_package).Fabric(accelerator="cpu", devices=1)
     gone = {
-        "Trainer": internals.missing(trainer_of(distribution, tmp_path), internals.TRAINER, distribution),
+        "Trainer": internals.missing(trainer_of(distribution, tmp_path), internals.TRAINER + internals.BEFORE_RUN,
+                                     distribution),
         "Fabric": internals.missing(fabric, internals.FABRIC, distribution),
         f"{fabric_package}.strategies.launchers.subprocess_script":
             internals.missing(internals.launchers(fabric_package), internals.LAUNCHER, distribution),
     }
     assert not any(gone.values()), f"{distribution} {version} lacks: " + "; ".join(
         f"{owner}.{path}" for owner, paths in gone.items() for path in paths)
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_every_logger_internal_the_package_reaches_is_there(distribution: str, tmp_path, monkeypatch) -> None:
+    """The loggers whose runs a resume continues: each of :data:`internals.LOGGERS` whose library is installed here
+    (CSV always; ``make test``'s venv has TensorBoard, W&B and MLflow), and the CSV writer's list of columns."""
+    installed(distribution)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    loggers = importlib.import_module(f"{DISTRIBUTIONS[distribution][0]}.loggers")
+    libraries = {"TensorBoardLogger": ("tensorboard", "tensorboardX"), "WandbLogger": ("wandb",),
+                 "MLFlowLogger": ("mlflow",), "CSVLogger": ()}
+    checked = []
+    for kind, needs in libraries.items():
+        if needs and not any(importlib.util.find_spec(name) for name in needs):
+            continue
+        made = {"WandbLogger": lambda cls: cls(save_dir=str(tmp_path), offline=True),
+                "MLFlowLogger": lambda cls: cls(tracking_uri=f"file:{tmp_path}/mlruns")}.get(kind, lambda cls: cls(
+                    str(tmp_path)))(getattr(loggers, kind))
+        assert internals.logger_kind(made) == kind
+        assert not internals.missing(made, internals.LOGGERS[kind], distribution), kind
+        checked.append(kind)
+    csv_writer = loggers.CSVLogger(str(tmp_path)).experiment
+    assert isinstance(csv_writer.metrics_keys, list), "the CSV writer's columns, set where a resume appends"
+    assert "CSVLogger" in checked
+
+
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_the_entry_points_instance_follows_the_trainers_choice_of_checkpoint(distribution: str, tmp_path,
+                                                                           monkeypatch) -> None:
+    """The instance the entry point adds finds the Trainer being made (in its callers' frames) and follows its
+    choice of checkpoint; with ``DDP_SIGTERM=0`` no instance is added and nothing is changed."""
+    installed(distribution)
+    trainer = trainer_of(distribution, tmp_path)
+    assert isinstance(trainer._checkpoint_connector.__dict__.get("_select_ckpt_path"), internals.CheckpointChoice)
+    monkeypatch.setenv("DDP_SIGTERM", "0")
+    assert "_select_ckpt_path" not in trainer_of(distribution, tmp_path)._checkpoint_connector.__dict__
 
 
 def test_the_dataloader_iterator_the_fork_hook_looks_for_is_there() -> None:

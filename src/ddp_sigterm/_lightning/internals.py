@@ -16,16 +16,20 @@ it too.)
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import importlib
+import io
 import operator
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
+from fsspec.core import url_to_fs
 from lightning_utilities.core.imports import compare_version
 from packaging.version import Version
 
@@ -65,10 +69,23 @@ TRAINER = (
     Internal("fit_loop._combined_loader_states_to_load", "the positions Lightning left pending (#20550)"),
     Internal("fit_loop._data_fetcher", "its iterator, made again from the positions"),
 )
+BEFORE_RUN = (Internal("_checkpoint_connector._select_ckpt_path", "Lightning's choice of the checkpoint a fit resumes "
+                        "from, followed by the loggers' runs given back, before they are made"),)
 FABRIC = (
     Internal("_validate_launched", "Fabric's own error when unison_stop() comes before launch()"),
     Internal("_callbacks", "the FabricStop that holds the job's coordinator"),
 )
+LOGGERS = {
+    "TensorBoardLogger": (Internal("_version", "its version, given back before it is resolved"),),
+    "CSVLogger": (Internal("_version", "its version, given back before it is resolved"),
+                  Internal("_experiment", "its writer, made at once where it would delete the run's metrics.csv")),
+    "WandbLogger": (Internal("_id", "the W&B run's id, given back before wandb.init"),
+                    Internal("_wandb_init", "wandb.init's arguments: the id and resume='allow'"),
+                    Internal("_experiment", "its run, once wandb.init has made it")),
+    "MLFlowLogger": (Internal("_run_id", "the MLflow run's id, given back before the run is made"),),
+}
+"""The loggers whose run a resume from a stop continues (both distributions' and Fabric's classes of these names, and
+their subclasses), and what of each it reaches."""
 CHILD_WATCH = "_ChildProcessObserver"
 """The class of the thread by which Lightning's own launcher SIGKILLs every rank once one has exited non-zero."""
 LAUNCHER = (
@@ -176,6 +193,41 @@ def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None
     connector.resume_start = resume_start
 
 
+def trainer_being_made(trainer_class: type[Any]) -> Any | None:
+    """The ``trainer_class`` whose ``__init__`` is running in this thread (Lightning calls the
+    ``callbacks_factory`` entry point from there), or None. The one Trainer the package finds by looking at the
+    callers' frames: a callback gets no Trainer before its ``setup``."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        found = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
+        if isinstance(found, trainer_class):
+            return found
+        frame = frame.f_back
+    return None
+
+
+class CheckpointChoice:
+    """Takes the place of a Trainer's ``_checkpoint_connector._select_ckpt_path``, for the Trainer's life: Lightning
+    chooses the checkpoint a ``fit`` (``validate``, ...) restores, then ``then(trainer, stage, path)`` runs, before
+    ``Trainer._run`` makes the loggers' runs; the path is returned unchanged. A module-level class and function, so
+    that ``ddp_spawn`` can pickle the Trainer."""
+
+    def __init__(self, connector: Any, then: Callable[[Any, str, Any], None]) -> None:
+        self.connector, self.then = connector, then
+
+    def __call__(self, state_fn: Any, ckpt_path: Any, *args: Any, **kwargs: Any) -> Any:
+        path = type(self.connector)._select_ckpt_path(self.connector, state_fn, ckpt_path, *args, **kwargs)
+        self.then(self.connector.trainer, str(getattr(state_fn, "value", state_fn)), path)
+        return path
+
+
+def before_run(trainer: Any, then: Callable[[Any, str, Any], None]) -> None:
+    """Make ``then`` run at every choice of ``trainer``'s checkpoint (see :class:`CheckpointChoice`), once."""
+    connector = trainer._checkpoint_connector
+    if not isinstance(connector.__dict__.get("_select_ckpt_path"), CheckpointChoice):
+        connector._select_ckpt_path = CheckpointChoice(connector, then)
+
+
 def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
     """At the agreed stop: Lightning's flag, as its own handler would set it, and the handlers it puts
     back at teardown become SIG_IGN for ``ignore`` (as :meth:`ddp_sigterm._core.runtime.Runtime.close` ignores them)."""
@@ -259,6 +311,57 @@ def _no_broadcast() -> None:
 
 def _ignore(signum: int, frame: Any) -> None:
     """Replaces Lightning's SLURM SIGTERM handler, which only logs, from inside the signal handler."""
+
+
+# -- the loggers' runs --------------------------------------------------------------------------------
+_LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
+
+
+def logger_kind(logger: Any) -> str | None:
+    """The name of the class of :data:`LOGGERS` that ``logger`` is (or subclasses), None for any other logger."""
+    for cls in type(logger).__mro__:
+        if cls.__name__ in LOGGERS and cls.__module__.startswith(_LIGHTNING_PACKAGES):
+            return cls.__name__
+    return None
+
+
+def logger_run(logger: Any, kind: str) -> Any:
+    """The run ``logger`` (of :func:`logger_kind` ``kind``) writes to, if it is fixed already (given to it, or chosen
+    when it made its run): TensorBoard's and CSV's version, W&B's and MLflow's run id. None: it is chosen later, when
+    the logger first needs it."""
+    if kind == "WandbLogger":
+        return logger._experiment.id if logger._experiment is not None else logger._id
+    if kind == "MLFlowLogger":
+        return logger._run_id
+    return logger._version
+
+
+def give_logger_run(logger: Any, kind: str, run: Any) -> None:
+    """Make ``logger`` (see :func:`logger_run`, which must be None) write to ``run`` when it makes its run. A CSV
+    logger makes its writer now, keeping the ``metrics.csv`` that Lightning's writer deletes in a folder it finds
+    not empty, and appends to it."""
+    if kind == "WandbLogger":
+        logger._id = run
+        logger._wandb_init.update(id=run, resume="allow")
+    elif kind == "MLFlowLogger":
+        logger._run_id = run
+    else:
+        logger._version = run
+    if kind == "CSVLogger":
+        _continue_csv(logger)
+
+
+def _continue_csv(logger: Any) -> None:
+    fs, folder = url_to_fs(str(logger.log_dir))
+    path = f"{folder.rstrip('/')}/metrics.csv"
+    kept = fs.cat_file(path) if fs.isfile(path) else None
+    with warnings.catch_warnings():  # "... Previous log files in this directory will be deleted ...": not this one
+        warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted")
+        writer = logger.experiment  # a placeholder on every rank but 0, which makes no files
+    if kept is not None and not fs.isfile(path):
+        fs.pipe_file(path, kept)
+        header = next(csv.reader(io.StringIO(kept.decode())), [])
+        writer.metrics_keys = header  # as if it had written them: it appends to the file, or rewrites it for a new key
 
 
 # -- Fabric ------------------------------------------------------------------------------------------

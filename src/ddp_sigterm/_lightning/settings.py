@@ -33,10 +33,15 @@ class TrainerSettings:
     start from scratch. Set ``DDP_SIGTERM_RESUME=1`` where a relaunch must resume (a Kubernetes Job,
     torchrun's restarts)."""
 
+    resume_logger_runs: bool = True
+    """A fit resumed from a stop checkpoint gives the Trainer's loggers the runs they wrote to before the stop
+    (TensorBoard's and CSV's version, W&B's and MLflow's run), so that the resumed run appends to them. A run that is
+    not resumed from a stop checkpoint is left as Lightning runs it."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_dir, str):
             raise SettingsError(f"checkpoint_dir must be a directory or URL, got {self.checkpoint_dir!r}")
         keep = self.keep_checkpoints
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
             raise SettingsError(f"keep_checkpoints must be a whole number, 0 to keep all, got {keep!r}")
-        check_bools(self, "save_checkpoint", "resume")
+        check_bools(self, "save_checkpoint", "resume", "resume_logger_runs")

@@ -23,6 +23,9 @@ not imported here. What it changes in the Trainer it is attached to, for the dur
   training, after setting the samplers' epoch, and makes the data fetcher's iterator again: Lightning gives
   them back before the epoch is set, and drops them when the data was set up before the restore (#20550).
   A plain DataLoader has no position: the stop says so, once, on rank 0.
+* The stop checkpoint records the loggers' runs (TensorBoard's and CSV's version, W&B's and MLflow's run); a fit
+  resumed from it gives them back before the Trainer makes them (before any callback hook: the instance the entry
+  point adds follows the Trainer's choice of checkpoint), so the resumed run appends to them (:mod:`logger_runs`).
 * Evaluation and prediction loops may run a different number of batches per rank (prediction
   shards without padding): at the first hook after such a loop (``on_*_epoch_end``) each rank
   waits, still agreeing, until every rank has left it.
@@ -50,7 +53,7 @@ from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
-from ddp_sigterm._lightning import internals, stop_checkpoints
+from ddp_sigterm._lightning import internals, logger_runs, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -68,6 +71,7 @@ class Lightning:
     sigterm_exception: type[BaseException]
     slurm_environment: type[Any]
     rank_zero_info: Callable[[str], Any]
+    rank_zero_warn: Callable[[str], Any]
     fabric: str  # its Fabric's package: "lightning.fabric" or "lightning_fabric" (its launcher's watch)
     version: str  # the distribution's, as installed
 
@@ -116,6 +120,42 @@ class TrainerStop(Integration):
         settings, under_slurm = self.trainer_settings, self.lightning.slurm_environment.detect()
         if stage == "fit" and (settings.resume or (settings.checkpoint_dir and under_slurm)):
             internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, settings))
+
+    @classmethod
+    def entry_point(cls) -> list[Any]:
+        """The instance the entry point adds to the Trainer being made; that Trainer's choice of the checkpoint a
+        fit resumes from is followed by :func:`_before_run` (see :func:`internals.before_run`)."""
+        instances = super().entry_point()
+        trainer = internals.trainer_being_made(cls.lightning.trainer) if instances else None
+        gone = [] if trainer is None else internals.missing(trainer, internals.BEFORE_RUN, cls.lightning.distribution)
+        if gone:
+            internals.warn_once(f"ddp_sigterm: the loggers' runs are not carried across a stop: "
+                                f"{cls.lightning.distribution} {cls.lightning.version} has no {'; no '.join(gone)}")
+        elif trainer is not None:
+            internals.before_run(trainer, _before_run)
+        return instances
+
+    def _give_logger_runs_back(self, trainer: Any, path: Any) -> None:
+        """Before a fit that resumes from a stop checkpoint makes its loggers' runs (``path``: Lightning's choice, or
+        the package's when it resumes without ``ckpt_path``), give every logger the run the checkpoint recorded.
+        Each rank reads the checkpoint (the process group is not made yet); only rank 0's loggers make runs."""
+        settings, under_slurm = self.trainer_settings, self.lightning.slurm_environment.detect()
+        if path is None and (settings.resume or (settings.checkpoint_dir and under_slurm)):
+            found = stop_checkpoints.saved(_stop_checkpoint_dir(trainer, settings))  # rank 0 resumes from this one
+            path = found[-1] if found else None
+        if not stop_checkpoints.is_one(path):
+            return
+        try:
+            runs = logger_runs.recorded(str(path))
+        except Exception as error:  # Lightning's own load of the same file then says what is wrong
+            self.lightning.rank_zero_warn(f"ddp_sigterm: the loggers start new runs: their runs could not be read "
+                                          f"from {path} ({type(error).__name__}: {error})")
+            return
+        given, kept = logger_runs.give_back(trainer.loggers, runs, self.lightning.distribution)
+        for message in kept:
+            self.lightning.rank_zero_warn(message)
+        if given:
+            self.lightning.rank_zero_info(f"ddp_sigterm: the loggers continue the stop's runs: {', '.join(given)}")
 
     def _supported(self, trainer: Any) -> bool:
         """Whether the running Lightning has every internal the callback needs; if not, a warning
@@ -269,7 +309,8 @@ class TrainerStop(Integration):
         internals.mark_stopped(trainer, coordinator.ignored_after_stop)
         agreed = f"ddp_sigterm: {coordinator.stop_cause} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
-            saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step)
+            saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step,
+                                          self.lightning.distribution)
             agreed += f"; checkpoint saved to {saved}"
             positionless = _positionless(trainer.train_dataloader) if trainer.is_global_zero else []
             if positionless:
@@ -284,6 +325,15 @@ class TrainerStop(Integration):
         exception = self.lightning.sigterm_exception(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]  # what every rank agreed, for the curious
         return exception
+
+
+def _before_run(trainer: Any, stage: str, path: Any) -> None:
+    """After the Trainer chose the checkpoint a run restores (``path``), before the run makes the loggers' runs: a
+    fit gives the loggers the runs of the stop checkpoint it resumes from (see :meth:`TrainerStop.entry_point`)."""
+    stop = acting(trainer.callbacks, TrainerStop)
+    if stage == "fit" and stop is not None and not stop._steps_aside(trainer) \
+            and stop.trainer_settings.resume_logger_runs:
+        stop._give_logger_runs_back(trainer, path)
 
 
 def _positionless(iterables: Any) -> list[str]:
@@ -307,9 +357,10 @@ def _same_world(world_size: int) -> bool:
     return False
 
 
-def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: TrainerSettings,
-                          step: int) -> str | None:
-    """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt`` in the stop-checkpoint directory (see
+def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: TrainerSettings, step: int,
+                          distribution: str) -> str | None:
+    """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt``, which also records the loggers' runs
+    (:mod:`logger_runs`), in the stop-checkpoint directory (see
     :func:`save_in_unison`: a save cut short never leaves a checkpoint that resuming would pick; a
     failure on any rank raises :class:`StopError` on every rank); then rank 0 deletes all but the newest
     ``keep_checkpoints``. Returns the path on rank 0."""
@@ -317,7 +368,9 @@ def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: 
     path, dump = internals.hpc_checkpoint(trainer, directory)  # only rank 0's path is used: it renames
 
     def write(partial: str) -> None:
-        trainer.strategy.save_checkpoint(dump(), partial)
+        checkpoint = dump()
+        checkpoint[logger_runs.KEY] = {"logger_runs": logger_runs.record(trainer.loggers, distribution)}
+        trainer.strategy.save_checkpoint(checkpoint, partial)
 
     saved = save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
     if trainer.is_global_zero:

@@ -1,0 +1,86 @@
+"""The loggers' runs across a stop: the stop checkpoint records the run of each of the Trainer's loggers, and a fit
+resumed from it gives each logger its run back, so that one training is one TensorBoard or CSV version, one W&B run,
+one MLflow run, whatever the preemptions.
+
+``Trainer._run`` makes the loggers' runs before any callback hook (it resolves the first logger's version for the
+profiler's folder, then makes every logger's run before the callbacks' ``setup``), and the checkpoint it resumes
+from is in no attribute before that. So the runs are given back right after the Trainer chose the checkpoint
+(``_checkpoint_connector._select_ckpt_path``, followed by the instance the entry point adds: see
+:meth:`TrainerStop.entry_point`), before ``_run``, on every rank, without collectives (the process group is not
+made yet). Only the Lightning loggers of :data:`internals.LOGGERS` are carried; a logger whose run is fixed before
+the fit (given a version or an id, or made already) keeps it, with a warning when it is not the stop's run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+from ddp_sigterm._lightning import internals
+
+KEY = "ddp_sigterm"
+"""The stop checkpoint's entry of the package's own (Lightning loads a checkpoint's other entries and ignores it):
+``{"logger_runs": [...]}``, one entry per logger of ``trainer.loggers``, ``{"logger": <class>, "run": <run>}``, or
+None for a logger whose run is not carried."""
+
+Runs = list[dict[str, Any] | None]
+
+
+def record(loggers: list[Any], distribution: str) -> Runs:
+    """What the stop checkpoint records of ``loggers``' runs (see :data:`KEY`); ``distribution``: the Trainer's
+    (``lightning`` or ``pytorch_lightning``), whose release gates the internals."""
+    runs: Runs = []
+    for logger in loggers:
+        kind = internals.logger_kind(logger)
+        run = None if kind is None or _unreachable(logger, kind, distribution) else internals.logger_run(logger, kind)
+        runs.append(None if run is None else {"logger": kind, "run": run})
+    return runs
+
+
+def recorded(path: str) -> Runs:
+    """The runs the stop checkpoint at ``path`` recorded (empty for a checkpoint from before they were). A local
+    file is memory-mapped: only its small part that is not tensors is read; a remote one is read whole."""
+    fs, where = url_to_fs(path)
+    if isinstance(fs, LocalFileSystem):
+        checkpoint = torch.load(where, map_location="cpu", mmap=True, weights_only=False)
+    else:
+        with fs.open(where, "rb") as file:
+            checkpoint = torch.load(file, map_location="cpu", weights_only=False)
+    runs: Runs = checkpoint.get(KEY, {}).get("logger_runs", [])
+    return runs
+
+
+def give_back(loggers: list[Any], runs: Runs, distribution: str) -> tuple[list[str], list[str]]:
+    """Give each of ``loggers`` the run recorded at its place in ``runs``, if it is of the same class and its own
+    run is not fixed yet. Returns what was given back (``"CSVLogger version 0"``) and a warning for each logger
+    that keeps another run."""
+    given, kept = [], []
+    for logger, saved in zip(loggers, runs):
+        kind = internals.logger_kind(logger)
+        if saved is None or kind is None or kind != saved["logger"] or _unreachable(logger, kind, distribution):
+            continue
+        current, run = internals.logger_run(logger, kind), saved["run"]
+        if current is None:
+            internals.give_logger_run(logger, kind, run)
+            given.append(f"{kind} {_name(kind)} {run}")
+        elif current != run:
+            kept.append(f"ddp_sigterm: the {kind} is given {_name(kind)} {current} before the fit: the fit resumed "
+                        f"from a stop keeps it, and its curves start again there, not in the stop's {_name(kind)} "
+                        f"{run}. Leave the {_name(kind)} unset, and make no run before the fit, to continue the "
+                        "stop's run (DDP_SIGTERM_RESUME_LOGGER_RUNS=0 turns this off)")
+    return given, kept
+
+
+def _unreachable(logger: Any, kind: str, distribution: str) -> bool:
+    gone = internals.missing(logger, internals.LOGGERS[kind], distribution)
+    if gone:
+        internals.warn_once(f"ddp_sigterm: the {kind}'s run is not carried across a stop: it has no "
+                            f"{'; no '.join(gone)}")
+    return bool(gone)
+
+
+def _name(kind: str) -> str:
+    return "version" if kind in ("TensorBoardLogger", "CSVLogger") else "run"
