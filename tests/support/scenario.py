@@ -22,6 +22,7 @@ VARIABLE = "SCENARIO"
 STAGES = ("fit", "validate", "test", "predict", "all")
 TRAINER_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 IMPLEMENTATIONS = ("package", "patched")
+LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +73,11 @@ class Scenario:
     stepping_batches: bool = False
     """``configure_optimizers`` reads ``trainer.estimated_stepping_batches``, as a OneCycleLR schedule does: Lightning
     then sets the training data up before it restores a checkpoint (Lightning #20550)."""
+    loggers: tuple[str, ...] = ()
+    """The Trainer's loggers, in order, among ``tensorboard``, ``csv``, ``wandb`` (offline) and ``mlflow`` (a file
+    store): each writes under ``<root_dir>/logs`` (MLflow under ``<root_dir>/mlruns``), the training step logs
+    ``train_loss`` at every step, and the Trainer's own ModelCheckpoint is on (its folder is the first logger's).
+    None: ``logger=False`` and no ModelCheckpoint."""
     data_by_step: bool = False
     """Training batches are drawn from (global step, rank), not read from the DataLoader. Lightning resumes a stop
     inside an epoch at the epoch's first batch (a plain DataLoader has no position to restore); with this, a
@@ -120,6 +126,9 @@ class Scenario:
             raise ValueError(f"unknown train_loader {self.train_loader!r}; known: plain, stateful")
         if self.shuffle not in ("", "sampler"):
             raise ValueError(f"unknown shuffle {self.shuffle!r}; known: '', sampler")
+        unknown = set(self.loggers) - set(LOGGERS)
+        if unknown:
+            raise ValueError(f"unknown loggers {sorted(unknown)}; known: {', '.join(LOGGERS)}")
         if self.trainer_package not in TRAINER_PACKAGES:
             raise ValueError(f"unknown Trainer package {self.trainer_package!r}; known: {', '.join(TRAINER_PACKAGES)}")
         self.injections()  # a typo fails in the test, not as a job that was never signalled

@@ -99,7 +99,10 @@ class Model(pl.LightningModule):
         if SCENARIO.data_by_step:
             generator = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
             x, y = torch.randn(x.shape, generator=generator), torch.randn(y.shape, generator=generator)
-        return torch.nn.functional.mse_loss(self.net(x), y)
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        if SCENARIO.loggers:
+            self.log("train_loss", loss)
+        return loss
 
     def on_after_backward(self) -> None:
         injector.at("backward")
@@ -262,6 +265,21 @@ def threads_left(before: set[int]) -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.ident not in before and t.name != "QueueFeederThread")
 
 
+def loggers() -> list:
+    """The scenario's loggers (see ``Scenario.loggers``)."""
+    made, logs = [], os.path.join(ROOT, "logs")
+    for name in SCENARIO.loggers:
+        if name == "tensorboard":
+            made.append(pl.loggers.TensorBoardLogger(logs, name="tb"))
+        elif name == "csv":
+            made.append(pl.loggers.CSVLogger(logs, name="csv"))
+        elif name == "wandb":
+            made.append(pl.loggers.WandbLogger(save_dir=logs, project="scenario", offline=True))
+        else:
+            made.append(pl.loggers.MLFlowLogger(experiment_name="scenario", tracking_uri=f"file:{ROOT}/mlruns"))
+    return made
+
+
 def main() -> None:
     threads_before = {t.ident for t in threading.enumerate()}
     pl.seed_everything(7, workers=True)
@@ -281,8 +299,9 @@ def main() -> None:
         default_root_dir=ROOT,
         enable_progress_bar=False,
         enable_model_summary=False,
-        logger=False,
-        enable_checkpointing=ON_EXCEPTION_CHECKPOINT,
+        logger=loggers() or False,
+        log_every_n_steps=1 if SCENARIO.loggers else 50,  # (50: Lightning's default)
+        enable_checkpointing=ON_EXCEPTION_CHECKPOINT or bool(SCENARIO.loggers),
         callbacks=[injector, *([pl.callbacks.OnExceptionCheckpoint(ROOT)] if ON_EXCEPTION_CHECKPOINT else [])],
     )
     outcome: dict = {"pid": os.getpid(), "exception": None, "exit_code": 0, "stop": None, "then": None}
