@@ -4,6 +4,10 @@
     kill -TERM <pid of any rank>                      # every rank stops at the same step, one checkpoint,
                                                       # exit 143
     python examples/fabric.py --root runs/fabric      # resumes from that step, finishes, exit 0
+
+The checkpoint holds the data position too: torchdata's ``StatefulDataLoader`` (``pip install torchdata``) is in
+``state``, which ``fabric.save`` and ``fabric.load`` handle as any object with ``state_dict``, so the resumed run
+trains on the batch after the stop, in the epoch's order, and ends with an uninterrupted run's weights.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import time
 
 import lightning as L
 import torch
+from torch.utils.data import DistributedSampler, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ddp_sigterm.fabric import save_at_stop, unison_stop
 
@@ -26,10 +32,12 @@ def newest_checkpoint(root: str) -> str | None:
     return os.path.join(root, f"step-{max(steps)}.ckpt") if steps else None
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The data of ``step`` on ``rank``: a resumed run sees what an uninterrupted one would have seen."""
-    generator = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(32, 16, generator=generator), torch.randn(32, 1, generator=generator)
+def loader(rank: int, world_size: int) -> StatefulDataLoader:
+    """This rank's shard of the data, shuffled by epoch (4 batches of 32 per rank and epoch with 2 ranks); its
+    ``state_dict`` is its position in the epoch."""
+    generator = torch.Generator().manual_seed(1234)
+    data = TensorDataset(torch.randn(256, 16, generator=generator), torch.randn(256, 1, generator=generator))
+    return StatefulDataLoader(data, batch_size=32, sampler=DistributedSampler(data, world_size, rank, seed=0))
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -52,10 +60,12 @@ def main() -> None:
     model = torch.nn.Linear(16, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = fabric.setup(model, optimizer)
-    state = {"model": model, "optimizer": optimizer, "step": 0}
+    # Fabric's DistributedSampler would not be in the state: the loader gets its own, not set up by Fabric
+    data = loader(fabric.global_rank, fabric.world_size)
+    state = {"model": model, "optimizer": optimizer, "step": 0, "epoch": 0, "loader": data}
     os.makedirs(args.root, exist_ok=True)
     if (path := newest_checkpoint(args.root)) is not None:
-        fabric.load(path, state)
+        fabric.load(path, state)  # the loader's position too: its next iterator goes on from there
     stop = unison_stop(fabric)  # every rank, same point: stop signals are recorded from here on
     rank, start = fabric.global_rank, state["step"]
     print(f"[rank {rank}] pid {os.getpid()}, starting at step {start}", flush=True)
@@ -69,17 +79,23 @@ def main() -> None:
 
     step = start
     try:
-        for step in range(start + 1, args.max_steps + 1):
-            time.sleep(args.step_seconds)  # stands in for real work
-            x, y = batch(step, rank)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            fabric.backward(loss)
-            optimizer.step()
-            state["step"] = step
-            print(f"[rank {rank}] step {step}", flush=True)
-            if stop.should_stop(step):  # every rank, every step: the same answer everywhere
-                save_and_exit(step)
+        while step < args.max_steps:
+            data.sampler.set_epoch(state["epoch"])  # before the iterator is made: it draws the epoch's order
+            for x, y in data:
+                time.sleep(args.step_seconds)  # stands in for real work
+                x, y = fabric.to_device((x, y))
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                fabric.backward(loss)
+                optimizer.step()
+                step = state["step"] = step + 1
+                print(f"[rank {rank}] step {step}", flush=True)
+                if stop.should_stop(step):  # every rank, every step: the same answer everywhere
+                    save_and_exit(step)
+                if step == args.max_steps:
+                    break
+            else:
+                state["epoch"] += 1
         if stop.decide_now(step):  # a signal after the last agreement is not lost
             save_and_exit(step)
         print(f"[rank {rank}] finished at step {step}, weights {digest(model)}", flush=True)

@@ -3,6 +3,10 @@
     torchrun --nproc-per-node 2 examples/plain_torch.py --root runs/plain
     kill -TERM <pid of any rank>      # every rank stops at the same step, one checkpoint, exit 143
     torchrun --nproc-per-node 2 examples/plain_torch.py --root runs/plain   # resumes, finishes, exit 0
+
+The checkpoint holds the data position too: the ``state_dict`` of torchdata's ``StatefulDataLoader`` (``pip install
+torchdata``), so the resumed run trains on the batch after the stop, in the epoch's order, and ends with an
+uninterrupted run's weights. Rank 0 writes it: every rank is at the same batch of its own shard.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ddp_sigterm import StopCoordinator, save_in_unison
 
@@ -26,10 +32,12 @@ def newest_checkpoint(root: str) -> str | None:
     return os.path.join(root, f"step-{max(steps)}.pt") if steps else None
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The data of ``step`` on ``rank``: a resumed run sees what an uninterrupted one would have seen."""
-    generator = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(32, 16, generator=generator), torch.randn(32, 1, generator=generator)
+def loader(rank: int, world_size: int) -> StatefulDataLoader:
+    """This rank's shard of the data, shuffled by epoch (4 batches of 32 per rank and epoch with 2 ranks); its
+    ``state_dict`` is its position in the epoch."""
+    generator = torch.Generator().manual_seed(1234)
+    data = TensorDataset(torch.randn(256, 16, generator=generator), torch.randn(256, 1, generator=generator))
+    return StatefulDataLoader(data, batch_size=32, sampler=DistributedSampler(data, world_size, rank, seed=0))
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -49,13 +57,15 @@ def main() -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = loader(rank, dist.get_world_size())
     os.makedirs(args.root, exist_ok=True)
-    start = 0
+    start = epoch = 0
     if (path := newest_checkpoint(args.root)) is not None:
         state = torch.load(path, map_location="cpu")
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start = state["step"]
+        data.load_state_dict(state["loader"])  # its next iterator goes on from the batch after the stop
+        start, epoch = state["step"], state["epoch"]
     stop = StopCoordinator()  # settings from DDP_SIGTERM_* variables
     stop.start()  # every rank, same point: the agreement's group is created, stop signals are recorded
     print(f"[rank {rank}] pid {os.getpid()}, starting at step {start}", flush=True)
@@ -65,8 +75,8 @@ def main() -> None:
 
         def write(partial: str) -> None:  # rank 0 writes; every rank learns whether it worked
             if rank == 0:
-                torch.save({"step": step, "model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                           partial)
+                torch.save({"step": step, "epoch": epoch, "model": model.module.state_dict(),
+                            "optimizer": optimizer.state_dict(), "loader": data.state_dict()}, partial)
 
         save_in_unison(stop, write, path, writer=rank == 0)  # renamed to path once it worked; else StopError
         name = signal.Signals(stop.decision.signum).name
@@ -75,16 +85,22 @@ def main() -> None:
 
     step = start
     try:
-        for step in range(start + 1, args.max_steps + 1):
-            time.sleep(args.step_seconds)  # stands in for real work
-            x, y = batch(step, rank)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            print(f"[rank {rank}] step {step}", flush=True)
-            if stop.should_stop(step):  # every rank, every step: the same answer everywhere
-                save_and_exit(step)
+        while step < args.max_steps:
+            data.sampler.set_epoch(epoch)  # before the iterator is made: it draws the epoch's order
+            for x, y in data:
+                time.sleep(args.step_seconds)  # stands in for real work
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                step += 1
+                print(f"[rank {rank}] step {step}", flush=True)
+                if stop.should_stop(step):  # every rank, every step: the same answer everywhere
+                    save_and_exit(step)
+                if step == args.max_steps:
+                    break
+            else:
+                epoch += 1
         if stop.decide_now(step):  # a signal after the last agreement is not lost
             save_and_exit(step)
         print(f"[rank {rank}] finished at step {step}, weights {digest(model)}", flush=True)

@@ -5,6 +5,9 @@
                                                             # hpc_ckpt_<N>.ckpt is saved, exit 143
     python examples/trainer.py --root runs/trainer          # resumes from step N, finishes, exit 0
 
+A resume gives back more than the weights: the data position (torchdata's ``StatefulDataLoader``, ``pip install
+torchdata``: the batch after the stop) and the logger's run (``<root>/lightning_logs/version_0/metrics.csv`` goes on).
+
 Under torchrun or srun, pass ``--devices``/``--num-nodes`` as for any Lightning script. With a Lightning that stops
 every rank at the same step by itself (the patched build, without ddp_sigterm), pass
 ``--on-exception-checkpoint``: Lightning's ``OnExceptionCheckpoint`` then saves the stop
@@ -21,7 +24,9 @@ import time
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
-from torch.utils.data import DataLoader, TensorDataset
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader  # torch's DataLoader, with a position a checkpoint keeps
 
 
 class Regression(pl.LightningModule):
@@ -33,7 +38,9 @@ class Regression(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         time.sleep(self.step_seconds)  # stands in for real work
         x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("loss", loss)
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -71,13 +78,14 @@ def main() -> None:
     stop_checkpoint = [OnExceptionCheckpoint(args.root)] if args.on_exception_checkpoint else []
     trainer = pl.Trainer(accelerator="cpu", strategy="ddp", devices=args.devices, num_nodes=args.num_nodes,
                          max_steps=args.max_steps, default_root_dir=args.root, callbacks=[Progress(), *stop_checkpoint],
-                         logger=False, enable_checkpointing=args.on_exception_checkpoint, enable_progress_bar=False,
+                         logger=CSVLogger(args.root), log_every_n_steps=10,
+                         enable_checkpointing=args.on_exception_checkpoint, enable_progress_bar=False,
                          enable_model_summary=False)
     # A stop saves <root>/hpc_ckpt_<N>.ckpt; "hpc" resumes from the newest one.
     resume = "hpc" if glob.glob(os.path.join(args.root, "hpc_ckpt_*.ckpt")) else None
     if args.on_exception_checkpoint and os.path.exists(os.path.join(args.root, "on_exception.ckpt")):
         resume = os.path.join(args.root, "on_exception.ckpt")
-    trainer.fit(Regression(args.step_seconds), DataLoader(data, batch_size=32), ckpt_path=resume)
+    trainer.fit(Regression(args.step_seconds), StatefulDataLoader(data, batch_size=32), ckpt_path=resume)
 
 
 if __name__ == "__main__":

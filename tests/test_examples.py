@@ -10,6 +10,7 @@ ranks may run together: the patterns below are not anchored to line starts.
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import signal
@@ -121,6 +122,36 @@ def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: s
     expected = list(range(step + 1, MAX_STEPS + 1))
     assert steps_done(text) == {0: expected, 1: expected}, f"the resumed run did not do exactly the rest\n{why}"
     assert set(resumed.returncodes.values()) == {0}, f"exit code {resumed.returncodes}\n{why}"
+    if example == "trainer":
+        assert_the_log_and_the_data_went_on(root, text, why)
+    else:  # its checkpoint holds its StatefulDataLoader's position (4 batches an epoch: the stop is in a later one)
+        assert_the_weights_of_an_uninterrupted_run(example, launcher, tmp_path, text)
+
+
+def assert_the_weights_of_an_uninterrupted_run(example: str, launcher: str, tmp_path: Path, text: str) -> None:
+    """The loop examples end, after a stop and a resume, with the weights of a run that was never stopped: the
+    resume trained on the batches that run trained on after the stop, in its order."""
+    straight = run(example, launcher, tmp_path / "straight", tmp_path / "straight-checkpoints", signal_rank=None)
+    finished = re.findall(r"\[rank \d+\] finished at step (\d+), weights (\w+)", text + straight.output())
+    assert len(finished) == 4, tail(straight)
+    assert set(finished) == {(str(MAX_STEPS), finished[0][1])}, f"not an uninterrupted run's weights: {finished}"
+
+
+def assert_the_log_and_the_data_went_on(root: Path, text: str, why: str) -> None:
+    """The Trainer example's resume, with the package: its StatefulDataLoader got its position back, and its
+    CSVLogger appended to the stop's ``metrics.csv``, steps in order (the patched Lightning, without the package,
+    makes a new version)."""
+    versions = sorted(path.name for path in (root / "lightning_logs").iterdir())
+    if IMPLEMENTATION == "patched":
+        assert versions == ["version_0", "version_1"], f"{versions}\n{why}"
+        return
+    assert "the training loaders resume where the stop left them" in text, why
+    assert "ddp_sigterm: the loggers continue the stop's runs: CSVLogger version 0" in text, why
+    assert versions == ["version_0"], f"{versions}\n{why}"
+    with open(root / "lightning_logs" / "version_0" / "metrics.csv", newline="") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file)]
+    assert steps == sorted(set(steps)), f"steps {steps}\n{why}"
+    assert steps[-1] == MAX_STEPS - 1, f"steps {steps}\n{why}"
 
 
 @pytest.mark.extended
@@ -138,10 +169,7 @@ def test_example_resumes_in_torchruns_own_restart(example: str, tmp_path: Path) 
     starts = sorted(re.findall(r"\[rank (\d+)\] pid \d+, starting at step (\d+)", text))
     assert starts == sorted([("0", "0"), ("1", "0"), ("0", str(stops[0])), ("1", str(stops[0]))]), why
     assert restarted.returncodes == {"torchrun": 0}, why
-    straight = run(example, "torchrun", tmp_path / "straight", tmp_path / "straight-checkpoints", signal_rank=None)
-    finished = re.findall(r"\[rank \d+\] finished at step (\d+), weights (\w+)", text + straight.output())
-    assert len(finished) == 4, f"{why}\n{tail(straight)}"
-    assert set(finished) == {(str(MAX_STEPS), finished[0][1])}, f"not an uninterrupted run's weights: {finished}"
+    assert_the_weights_of_an_uninterrupted_run(example, "torchrun", tmp_path, text)
 
 
 # SIGINT (whose default handler Python implements as a function) in make test; the others in make test-extended.
