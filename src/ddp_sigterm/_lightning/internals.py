@@ -330,7 +330,10 @@ def logger_run(logger: Any, kind: str) -> Any:
     when it made its run): TensorBoard's and CSV's version, W&B's and MLflow's run id. None: it is chosen later, when
     the logger first needs it."""
     if kind == "WandbLogger":
-        return logger._experiment.id if logger._experiment is not None else logger._id
+        if logger._experiment is not None:
+            return logger._experiment.id
+        active = getattr(sys.modules.get("wandb"), "run", None)  # a run the script made: the logger will take it
+        return active.id if active is not None else logger._id
     if kind == "MLFlowLogger":
         return logger._run_id
     return logger._version

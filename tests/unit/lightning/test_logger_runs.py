@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
@@ -101,6 +102,19 @@ def test_a_checkpoint_without_runs_gives_nothing_back(tmp_path: Path) -> None:
     torch.save({logger_runs.KEY: {"logger_runs": [None, {"logger": "CSVLogger", "run": 4}]}},
                tmp_path / "hpc_ckpt_2.ckpt")
     assert logger_runs.recorded(str(tmp_path / "hpc_ckpt_2.ckpt")) == [None, {"logger": "CSVLogger", "run": 4}]
+
+
+def test_a_wandb_logger_takes_a_run_the_script_made_and_keeps_it(tmp_path: Path, monkeypatch) -> None:
+    """Lightning's WandbLogger takes ``wandb.run`` if the script made one (``wandb.init`` before the fit): that is
+    the run it writes to, whatever id it was given, so it is kept, with the warning."""
+    import wandb
+
+    logger = WandbLogger(save_dir=str(tmp_path), offline=True)
+    monkeypatch.setattr(wandb, "run", SimpleNamespace(id="made0by0script"))  # as wandb.init() leaves it
+    given, kept = logger_runs.give_back([logger], [{"logger": "WandbLogger", "run": "abc123"}], "lightning")
+    assert not given
+    (warning,) = kept
+    assert "the WandbLogger is given run made0by0script before the fit" in warning
 
 
 @pytest.mark.parametrize("name", ["TensorBoardLogger", "CSVLogger"])
