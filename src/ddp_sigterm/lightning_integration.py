@@ -10,7 +10,7 @@ from typing import Any
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from ddp_sigterm._core.stop_save import StopError
@@ -27,7 +27,7 @@ class UnisonStop(TrainerStop, Callback):
     arguments (see :class:`ddp_sigterm.Settings`).
     """
 
-    lightning = Lightning("lightning", Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info, rank_zero_warn,
+    lightning = Lightning("lightning", Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info,
                           "lightning.fabric", version("lightning"))
 
 

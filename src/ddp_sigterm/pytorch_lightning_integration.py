@@ -12,7 +12,7 @@ from typing import Any
 from lightning_fabric.plugins.environments.slurm import SLURMEnvironment
 from pytorch_lightning import Trainer
 from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from ddp_sigterm._core.stop_save import StopError
@@ -25,7 +25,7 @@ class UnisonStop(TrainerStop, Callback):
     """:class:`ddp_sigterm.UnisonStop` for ``pytorch_lightning.Trainer``: same arguments, same behaviour."""
 
     lightning = Lightning("pytorch_lightning", Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info,
-                          rank_zero_warn, "lightning_fabric", version("pytorch_lightning"))
+                          "lightning_fabric", version("pytorch_lightning"))
 
 
 def callbacks_factory() -> list[Any]:

@@ -76,13 +76,15 @@ FABRIC = (
     Internal("_callbacks", "the FabricStop that holds the job's coordinator"),
 )
 LOGGERS = {
-    "TensorBoardLogger": (Internal("_version", "its version, given back before it is resolved"),),
+    "TensorBoardLogger": (Internal("_version", "its version, given back before it is resolved"),
+                          Internal("_experiment", "its writer, once made")),
     "CSVLogger": (Internal("_version", "its version, given back before it is resolved"),
                   Internal("_experiment", "its writer, made at once where it would delete the run's metrics.csv")),
     "WandbLogger": (Internal("_id", "the W&B run's id, given back before wandb.init"),
                     Internal("_wandb_init", "wandb.init's arguments: the id and resume='allow'"),
                     Internal("_experiment", "its run, once wandb.init has made it")),
-    "MLFlowLogger": (Internal("_run_id", "the MLflow run's id, given back before the run is made"),),
+    "MLFlowLogger": (Internal("_run_id", "the MLflow run's id, given back before the run is made"),
+                     Internal("_initialized", "whether its run is made")),
 }
 """The loggers whose run a resume from a stop continues (both distributions' and Fabric's classes of these names, and
 their subclasses), and what of each it reaches."""
@@ -337,6 +339,13 @@ def logger_run(logger: Any, kind: str) -> Any:
     if kind == "MLFlowLogger":
         return logger._run_id
     return logger._version
+
+
+def logger_made(logger: Any, kind: str) -> bool:
+    """Whether ``logger`` has made its run (its writer, its W&B run, its MLflow run) already."""
+    if kind == "MLFlowLogger":
+        return bool(logger._initialized)
+    return logger._experiment is not None
 
 
 def give_logger_run(logger: Any, kind: str, run: Any) -> None:

@@ -42,8 +42,11 @@ def record(loggers: list[Any], distribution: str) -> Runs:
 
 def recorded(path: str) -> Runs:
     """The runs the stop checkpoint at ``path`` recorded (empty for a checkpoint from before they were). A local
-    file is memory-mapped: only its small part that is not tensors is read; a remote one is read whole."""
+    file is memory-mapped: only its small part that is not tensors is read; a remote one is read whole. Read as
+    Lightning reads a checkpoint it resumes from (``weights_only=False``): it is the job's own stop checkpoint."""
     fs, where = url_to_fs(path)
+    if fs.isdir(where):  # a sharded checkpoint (FSDP's): its part that is not tensors
+        where = f"{where.rstrip('/')}/meta.pt"
     if isinstance(fs, LocalFileSystem):
         checkpoint = torch.load(where, map_location="cpu", mmap=True, weights_only=False)
     else:
@@ -63,8 +66,8 @@ def give_back(loggers: list[Any], runs: Runs, distribution: str) -> tuple[list[s
         if saved is None or kind is None or kind != saved["logger"] or _unreachable(logger, kind, distribution):
             continue
         current, run = internals.logger_run(logger, kind), saved["run"]
-        if current is None:
-            internals.give_logger_run(logger, kind, run)
+        if current is None or (current == run and not internals.logger_made(logger, kind)):
+            internals.give_logger_run(logger, kind, run)  # (the stop's own version given in code: the CSV's rows)
             given.append(f"{kind} {_name(kind)} {run}")
         elif current != run:
             kept.append(f"ddp_sigterm: the {kind} is given {_name(kind)} {current} before the fit: the fit resumed "

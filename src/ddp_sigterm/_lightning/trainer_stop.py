@@ -71,7 +71,6 @@ class Lightning:
     sigterm_exception: type[BaseException]
     slurm_environment: type[Any]
     rank_zero_info: Callable[[str], Any]
-    rank_zero_warn: Callable[[str], Any]
     fabric: str  # its Fabric's package: "lightning.fabric" or "lightning_fabric" (its launcher's watch)
     version: str  # the distribution's, as installed
 
@@ -137,23 +136,27 @@ class TrainerStop(Integration):
 
     def _give_logger_runs_back(self, trainer: Any, path: Any) -> None:
         """Before a fit that resumes from a stop checkpoint makes its loggers' runs (``path``: Lightning's choice, or
-        the package's when it resumes without ``ckpt_path``), give every logger the run the checkpoint recorded.
-        Each rank reads the checkpoint (the process group is not made yet); only rank 0's loggers make runs."""
+        the package's when it resumes without ``ckpt_path``), give every logger the run the checkpoint recorded. On
+        global rank 0 only, the one whose loggers make runs, known here from the environment (node 0, local rank 0:
+        ``ddp_spawn``'s processes learn their global rank only in ``_run``). A failure is a warning: the loggers then
+        make new runs, as stock Lightning's do."""
+        if trainer.node_rank != 0 or trainer.local_rank != 0:
+            return
         settings, under_slurm = self.trainer_settings, self.lightning.slurm_environment.detect()
-        if path is None and (settings.resume or (settings.checkpoint_dir and under_slurm)):
-            found = stop_checkpoints.saved(_stop_checkpoint_dir(trainer, settings))  # rank 0 resumes from this one
+        if path is None and (settings.resume or (settings.checkpoint_dir and under_slurm)) and self._supported(trainer):
+            found = stop_checkpoints.saved(_stop_checkpoint_dir(trainer, settings))  # what setup's resume chooses
             path = found[-1] if found else None
         if not stop_checkpoints.is_one(path):
             return
         try:
-            runs = logger_runs.recorded(str(path))
-        except Exception as error:  # Lightning's own load of the same file then says what is wrong
-            self.lightning.rank_zero_warn(f"ddp_sigterm: the loggers start new runs: their runs could not be read "
-                                          f"from {path} ({type(error).__name__}: {error})")
+            given, kept = logger_runs.give_back(trainer.loggers, logger_runs.recorded(str(path)),
+                                                self.lightning.distribution)
+        except Exception as error:  # Lightning's own load of the same file then says what is wrong, if anything
+            warnings.warn(f"ddp_sigterm: the loggers start new runs: their runs could not be given back from {path} "
+                          f"({type(error).__name__}: {error})", stacklevel=2)
             return
-        given, kept = logger_runs.give_back(trainer.loggers, runs, self.lightning.distribution)
         for message in kept:
-            self.lightning.rank_zero_warn(message)
+            warnings.warn(message, stacklevel=2)
         if given:
             self.lightning.rank_zero_info(f"ddp_sigterm: the loggers continue the stop's runs: {', '.join(given)}")
 

@@ -61,13 +61,14 @@ def test_a_resume_gives_each_logger_its_run_where_none_is_fixed_yet(tmp_path: Pa
 
 def test_a_logger_whose_run_is_fixed_before_the_fit_keeps_it_with_a_warning(tmp_path: Path) -> None:
     """Given a version of its own, or resolved before the fit: kept, with a warning saying where its curves go;
-    the stop's own version needs no warning; a logger of another class at that place is not touched."""
+    given the stop's own version, no warning (and a CSV logger keeps the stop's rows); a logger of another class at
+    that place is not touched."""
     given_one, same = TensorBoardLogger(tmp_path, name="tb", version=5), CSVLogger(tmp_path, name="csv", version=0)
     other_class = CSVLogger(tmp_path, name="other")
     runs = [{"logger": "TensorBoardLogger", "run": 0}, {"logger": "CSVLogger", "run": 0},
             {"logger": "TensorBoardLogger", "run": 2}]
     given, kept = logger_runs.give_back([given_one, same, other_class], runs, "lightning")
-    assert not given
+    assert given == ["CSVLogger version 0"]
     assert other_class._version is None
     assert given_one.version == 5
     (warning,) = kept
@@ -102,6 +103,10 @@ def test_a_checkpoint_without_runs_gives_nothing_back(tmp_path: Path) -> None:
     torch.save({logger_runs.KEY: {"logger_runs": [None, {"logger": "CSVLogger", "run": 4}]}},
                tmp_path / "hpc_ckpt_2.ckpt")
     assert logger_runs.recorded(str(tmp_path / "hpc_ckpt_2.ckpt")) == [None, {"logger": "CSVLogger", "run": 4}]
+    sharded = tmp_path / "hpc_ckpt_3.ckpt"  # FSDP's sharded checkpoint: a folder, what is not tensors in meta.pt
+    sharded.mkdir()
+    torch.save({logger_runs.KEY: {"logger_runs": [{"logger": "CSVLogger", "run": 5}]}}, sharded / "meta.pt")
+    assert logger_runs.recorded(str(sharded)) == [{"logger": "CSVLogger", "run": 5}]
 
 
 def test_a_wandb_logger_takes_a_run_the_script_made_and_keeps_it(tmp_path: Path, monkeypatch) -> None:
