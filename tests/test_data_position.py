@@ -36,7 +36,7 @@ def weights(result: JobResult) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("num_workers", "shuffle"), [
-    (0, ""), (2, "sampler"), pytest.param(2, "", marks=pytest.mark.extended),
+    (2, "sampler"), pytest.param(0, "", marks=pytest.mark.extended), pytest.param(2, "", marks=pytest.mark.extended),
     pytest.param(0, "sampler", marks=pytest.mark.extended)])
 def test_a_stateful_loader_resumes_at_the_batch_after_the_stop(tmp_path: Path, num_workers: int, shuffle: str) -> None:
     """torchdata's StatefulDataLoader, over the DistributedSampler Lightning puts in (``""``: it shuffles the training
