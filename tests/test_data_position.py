@@ -60,6 +60,7 @@ def test_a_stateful_loader_resumes_at_the_batch_after_the_stop(tmp_path: Path, n
     torch.testing.assert_close(weights(resumed), weights(straight), rtol=0, atol=0)
 
 
+@pytest.mark.extended
 def test_a_stateful_loader_resumes_where_lightning_would_drop_its_position(tmp_path: Path) -> None:
     """Lightning #20550: ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as a OneCycleLR
     schedule does), so Lightning sets the training data up before it restores the checkpoint and leaves the loader's

@@ -18,6 +18,7 @@ from ddp_sigterm_tests.scenario import Scenario
 pytestmark = pytest.mark.scenario
 
 ALL = Scenario(loggers=("tensorboard", "csv", "wandb", "mlflow"), batches=10, max_steps=40)
+SHORT = replace(ALL, loggers=("tensorboard", "csv"), max_steps=20)
 STOP = "1:15:forward"  # rank 1 in its 15th batch; agreed within 0.2 s (10 steps): in the second or third epoch
 
 
@@ -120,26 +121,30 @@ def test_a_resumed_fit_continues_every_loggers_run(tmp_path: Path, route: str) -
     assert said not in resumed.log("rank1"), why
 
 
-def test_a_run_without_a_stop_or_with_the_setting_off_starts_new_runs_as_stock(tmp_path: Path) -> None:
-    """What is not a resume from a stop is left to Lightning: a second run in the same folder without a stop, a run
-    after a stop that does not resume, and a resume with ``DDP_SIGTERM_RESUME_LOGGER_RUNS=0`` each make a new
-    TensorBoard and CSV version, as stock Lightning (``DDP_SIGTERM=0``) does for the first two."""
-    scenario = replace(ALL, loggers=("tensorboard", "csv"), max_steps=20)
+def test_runs_without_a_stop_make_the_versions_stock_lightning_makes(tmp_path: Path) -> None:
+    """What is not a resume from a stop is left to Lightning: two runs in the same folder, with the package and with
+    stock Lightning (``DDP_SIGTERM=0``), make the same TensorBoard and CSV versions, ``version_0`` then
+    ``version_1``."""
     env = environment(tmp_path)
     for run, settings in (("package", {}), ("stock", {"DDP_SIGTERM": "0"})):
         for _ in range(2):
-            assert_finished(fit(tmp_path / run, scenario, env={**env, **settings}), steps=scenario.max_steps,
+            assert_finished(fit(tmp_path / run, SHORT, env={**env, **settings}), steps=SHORT.max_steps,
                             stock=run == "stock")
     for logger in ("tb", "csv"):
         assert folders(tmp_path / "package" / "logs" / logger) == folders(tmp_path / "stock" / "logs" / logger) \
             == ["version_0", "version_1"]
-    stopped = fit(tmp_path / "package", replace(scenario, inject="1:5:forward"), env=env)
-    assert_unison_stop(stopped)
-    afresh = fit(tmp_path / "package", scenario, env=env)  # no ckpt_path, no DDP_SIGTERM_RESUME: not a resume
-    assert_finished(afresh, steps=scenario.max_steps)
-    off = fit(tmp_path / "package", replace(scenario, resume=True),
-              env={**env, "DDP_SIGTERM_RESUME_LOGGER_RUNS": "0"})
-    assert_finished(off, steps=scenario.max_steps)
+
+
+@pytest.mark.extended
+def test_a_run_after_a_stop_that_does_not_resume_or_with_the_setting_off_makes_new_runs(tmp_path: Path) -> None:
+    """A run after a stop that does not resume (no ``ckpt_path``, no ``DDP_SIGTERM_RESUME``), and a resume with
+    ``DDP_SIGTERM_RESUME_LOGGER_RUNS=0``, each make a new version, as stock Lightning does."""
+    env = environment(tmp_path)
+    assert_unison_stop(fit(tmp_path, replace(SHORT, inject="1:5:forward"), env=env))
+    afresh = fit(tmp_path, SHORT, env=env)
+    assert_finished(afresh, steps=SHORT.max_steps)
+    off = fit(tmp_path, replace(SHORT, resume=True), env={**env, "DDP_SIGTERM_RESUME_LOGGER_RUNS": "0"})
+    assert_finished(off, steps=SHORT.max_steps)
     assert "the loggers continue" not in afresh.log("rank0") + off.log("rank0")
     for logger in ("tb", "csv"):
-        assert folders(tmp_path / "package" / "logs" / logger) == [f"version_{n}" for n in range(5)]
+        assert folders(tmp_path / "logs" / logger) == ["version_0", "version_1", "version_2"]
