@@ -369,7 +369,7 @@ def _continue_csv(logger: Any) -> None:
     kept = fs.cat_file(path) if fs.isfile(path) else None
     with warnings.catch_warnings():  # "... Previous log files in this directory will be deleted ...": not this one
         warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted")
-        writer = logger.experiment  # a placeholder on every rank but 0, which makes no files
+        writer = logger.experiment  # (called on global rank 0 only: elsewhere a placeholder would come back)
     if kept is not None and not fs.isfile(path):
         fs.pipe_file(path, kept)
         header = next(csv.reader(io.StringIO(kept.decode())), [])

@@ -6,9 +6,10 @@ one MLflow run, whatever the preemptions.
 profiler's folder, then makes every logger's run before the callbacks' ``setup``), and the checkpoint it resumes
 from is in no attribute before that. So the runs are given back right after the Trainer chose the checkpoint
 (``_checkpoint_connector._select_ckpt_path``, followed by the instance the entry point adds: see
-:meth:`TrainerStop.entry_point`), before ``_run``, on every rank, without collectives (the process group is not
-made yet). Only the Lightning loggers of :data:`internals.LOGGERS` are carried; a logger whose run is fixed before
-the fit (given a version or an id, or made already) keeps it, with a warning when it is not the stop's run.
+:meth:`TrainerStop.entry_point`), before ``_run``, on global rank 0 only (its loggers are the ones that make
+runs), without collectives (the process group is not made yet). Only the Lightning loggers of
+:data:`internals.LOGGERS` are carried; a logger whose run is fixed before the fit (given a version or an id, or
+made already) keeps it, with a warning when it is not the stop's run.
 """
 
 from __future__ import annotations

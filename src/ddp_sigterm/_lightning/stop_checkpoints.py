@@ -37,6 +37,12 @@ def saved(directory: str) -> list[str]:
     return [path for _, path in sorted(found)]
 
 
+def newest(directory: str) -> str | None:
+    """The newest stop checkpoint of ``directory`` (highest ``N``), None if it has none."""
+    found = saved(directory)
+    return found[-1] if found else None
+
+
 def keep_newest(directory: str, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` stop checkpoints of ``directory`` (0: keep all); returns the
     paths deleted. A deletion that fails is logged as a warning: the new checkpoint is saved already."""

@@ -116,9 +116,14 @@ class TrainerStop(Integration):
             return
         self._coordinator, self._trainer = coordinator, trainer
         internals.take_signal_handlers(trainer, coordinator.record, self.lightning.distribution)
-        settings, under_slurm = self.trainer_settings, self.lightning.slurm_environment.detect()
-        if stage == "fit" and (settings.resume or (settings.checkpoint_dir and under_slurm)):
-            internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, settings))
+        if stage == "fit" and self._resumes_when_not_told():
+            internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, self.trainer_settings))
+
+    def _resumes_when_not_told(self) -> bool:
+        """Whether a fit started without ``ckpt_path`` resumes from the newest stop checkpoint: ``resume``, or a
+        ``checkpoint_dir`` under SLURM (where Lightning would look in ``default_root_dir`` only)."""
+        settings = self.trainer_settings
+        return settings.resume or bool(settings.checkpoint_dir and self.lightning.slurm_environment.detect())
 
     @classmethod
     def entry_point(cls) -> list[Any]:
@@ -142,10 +147,8 @@ class TrainerStop(Integration):
         make new runs, as stock Lightning's do."""
         if trainer.node_rank != 0 or trainer.local_rank != 0:
             return
-        settings, under_slurm = self.trainer_settings, self.lightning.slurm_environment.detect()
-        if path is None and (settings.resume or (settings.checkpoint_dir and under_slurm)) and self._supported(trainer):
-            found = stop_checkpoints.saved(_stop_checkpoint_dir(trainer, settings))  # what setup's resume chooses
-            path = found[-1] if found else None
+        if path is None and self._resumes_when_not_told() and self._supported(trainer):  # what setup's resume chooses
+            path = stop_checkpoints.newest(_stop_checkpoint_dir(trainer, self.trainer_settings))
         if not stop_checkpoints.is_one(path):
             return
         try:
@@ -388,9 +391,8 @@ def _stop_checkpoint_dir(trainer: Any, settings: TrainerSettings) -> str:
 def _newest_stop_checkpoint(trainer: Any, settings: TrainerSettings) -> str | None:
     """Global rank 0's newest stop checkpoint, on every rank (a collective: every rank resumes from the
     same file, or every rank starts afresh)."""
-    directory = _stop_checkpoint_dir(trainer, settings)
-    found = stop_checkpoints.saved(directory) if trainer.is_global_zero else []
-    newest: str | None = trainer.strategy.broadcast(found[-1] if found else None, src=0)
+    found = stop_checkpoints.newest(_stop_checkpoint_dir(trainer, settings)) if trainer.is_global_zero else None
+    newest: str | None = trainer.strategy.broadcast(found, src=0)
     if newest is not None:
         logger.info("rank %d of %d: fit started without ckpt_path resumes from the newest stop checkpoint, %s "
                     "(DDP_SIGTERM_RESUME)", trainer.global_rank, trainer.world_size, newest)
