@@ -10,7 +10,6 @@ ranks may run together: the patterns below are not anchored to line starts.
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import signal
@@ -19,7 +18,14 @@ from pathlib import Path
 
 import pytest
 from ddp_sigterm_tests.harness import IMPLEMENTATION, PYTHON, Supervised, free_port, supervise
-from ddp_sigterm_tests.helpers import SignalAfterStep, per_rank, saved_step, steps_done, torchrun_restarts
+from ddp_sigterm_tests.helpers import (
+    SignalAfterStep,
+    assert_trainer_example_went_on,
+    per_rank,
+    saved_step,
+    steps_done,
+    torchrun_restarts,
+)
 
 pytestmark = pytest.mark.scenario
 
@@ -138,20 +144,13 @@ def assert_the_weights_of_an_uninterrupted_run(example: str, launcher: str, tmp_
 
 
 def assert_the_log_and_the_data_went_on(root: Path, text: str, why: str) -> None:
-    """The Trainer example's resume, with the package: its StatefulDataLoader got its position back, and its
-    CSVLogger appended to the stop's ``metrics.csv``, steps in order (the patched Lightning, without the package,
-    makes a new version)."""
-    versions = sorted(path.name for path in (root / "lightning_logs").iterdir())
+    """The Trainer example's resume: with the package, see :func:`assert_trainer_example_went_on`; the patched
+    Lightning, without the package, makes a new version."""
     if IMPLEMENTATION == "patched":
+        versions = sorted(path.name for path in (root / "lightning_logs").iterdir())
         assert versions == ["version_0", "version_1"], f"{versions}\n{why}"
-        return
-    assert "the training loaders resume where the stop left them" in text, why
-    assert "the loggers continue the stop's runs: CSVLogger version 0" in text, why
-    assert versions == ["version_0"], f"{versions}\n{why}"
-    with open(root / "lightning_logs" / "version_0" / "metrics.csv", newline="") as file:
-        steps = [int(row["step"]) for row in csv.DictReader(file)]
-    assert steps == sorted(set(steps)), f"steps {steps}\n{why}"
-    assert steps[-1] == MAX_STEPS - 1, f"steps {steps}\n{why}"
+    else:
+        assert_trainer_example_went_on(root, text, MAX_STEPS, why)
 
 
 @pytest.mark.extended

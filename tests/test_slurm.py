@@ -13,7 +13,6 @@ build/slurm-report.md), which make test-slurm prints.
 
 from __future__ import annotations
 
-import csv
 import datetime
 import os
 import re
@@ -25,7 +24,7 @@ import pytest
 import torch
 from ddp_sigterm_tests import slurm_cluster
 from ddp_sigterm_tests.harness import free_port
-from ddp_sigterm_tests.helpers import per_rank, saved_step, steps_done
+from ddp_sigterm_tests.helpers import assert_trainer_example_went_on, per_rank, saved_step, steps_done
 from ddp_sigterm_tests.metadata_server import MetadataServer, aws_instance_action
 
 pytestmark = [pytest.mark.slurm, pytest.mark.scenario]
@@ -144,22 +143,6 @@ def assert_resumed_and_finished(job: ExampleJob, run: str, step: int, max_steps:
     assert per_rank(r"finished at step (\d+)", run) == {0: max_steps, 1: max_steps}, why
 
 
-def assert_the_log_and_the_data_went_on(job: ExampleJob, run: str, max_steps: int) -> str:
-    """The requeued run of the Trainer example (with the package) gave its StatefulDataLoader its position back and
-    appended to the stop's CSV log: one version, one ``metrics.csv``, its steps in order to the end. Returns what
-    the log holds, for the report."""
-    why = job.describe()
-    assert "the training loaders resume where the stop left them" in run, why
-    assert "the loggers continue the stop's runs: CSVLogger version 0" in run, why
-    logs = job.root / "lightning_logs"
-    assert sorted(path.name for path in logs.iterdir()) == ["version_0"], why
-    with open(logs / "version_0" / "metrics.csv", newline="") as file:
-        steps = [int(row["step"]) for row in csv.DictReader(file)]
-    assert steps == sorted(set(steps)), f"steps {steps}\n{why}"
-    assert steps[-1] == max_steps - 1, f"steps {steps}\n{why}"
-    return f"one CSV version, steps {steps[0]} to {steps[-1]} in order"
-
-
 # -- scancel ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("script", "implementation"), [
     ("trainer", "package"), ("trainer", "patched"), ("fabric", "package"), ("plain_torch", "package")])
@@ -255,13 +238,14 @@ def test_preempted_job_stops_within_the_grace_time_is_requeued_and_finishes(clus
                              rf".*; SLURM job {job.id} requeued: SLURM is preempting it \(PreemptTime=(\S+)\)", runs[0])
     assert preempt_time, why
     assert_resumed_and_finished(job, runs[1], step, max_steps)
-    logged = assert_the_log_and_the_data_went_on(job, runs[1], max_steps)
+    steps = assert_trainer_example_went_on(job.root, runs[1], max_steps, job.describe())
     job.assert_nothing_left()
     report("preemption, package", job, f"1st run: `PreemptTime={preempt_time.group(1)}` (rank 0's `scontrol show "
            f"job`), then `JobState={requeued['JobState']} Reason={requeued['Reason']} "
            f"Restarts={requeued['Restarts']}`, "
            f"stopped at step {step} ({codes_text(runs[0])}); 2nd: `JobState={fields['JobState']} "
-           f"ExitCode={fields['ExitCode']}`, its loader at the batch after the stop, {logged}",
+           f"ExitCode={fields['ExitCode']}`, its loader at the batch after the stop, "
+           f"one CSV version, steps {steps[0]} to {steps[-1]} in order",
            f"requeued {stopped_in:.1f} s after the high job's sbatch "
            f"(GraceTime={slurm_cluster.GRACE_TIME}); in all {time.monotonic() - job.submitted:.0f} s")
 

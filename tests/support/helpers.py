@@ -7,6 +7,7 @@ the soak and the SLURM tests import from here, never from one another.
 
 from __future__ import annotations
 
+import csv
 import re
 import signal
 from collections.abc import Callable
@@ -205,3 +206,18 @@ def saved_step(example: str, root: Path) -> tuple[list[Path], int]:
         key = "step"
     assert len(files) == 1, f"expected one checkpoint in {root}, found {files}"
     return files, torch.load(files[0], map_location="cpu", weights_only=False)[key]
+
+
+def assert_trainer_example_went_on(root: Path, output: str, max_steps: int, why: str) -> list[int]:
+    """The resume of examples/trainer.py (with the package, checkpoints in ``root``, ``output`` its ranks' output):
+    its StatefulDataLoader got its position back, and its CSVLogger appended to the stop's log: one version, one
+    ``metrics.csv``, steps in order to the last. Returns those steps."""
+    assert "the training loaders resume where the stop left them" in output, why
+    assert "the loggers continue the stop's runs: CSVLogger version 0" in output, why
+    logs = root / "lightning_logs"
+    assert sorted(path.name for path in logs.iterdir()) == ["version_0"], why
+    with open(logs / "version_0" / "metrics.csv", newline="") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file)]
+    assert steps == sorted(set(steps)), f"steps {steps}\n{why}"
+    assert steps[-1] == max_steps - 1, f"steps {steps}\n{why}"
+    return steps
