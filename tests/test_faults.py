@@ -70,6 +70,10 @@ def test_stuck_peer_signalled_rank_gives_up_at_the_deadline(tmp_path: Path) -> N
     assert gave_up in log, why
     assert ("it was waiting for the next step boundary after step" in log
             or "it was waiting for the stop agreement at step" in log), why
+    # and where: every thread's stack, the main thread's inside the training script
+    stacks = log.split("Where each thread of the process was:", 1)[1]
+    assert "Thread 0x" in stacks, why
+    assert "scenario_train.py" in stacks, why
     assert result.checkpoints() == [], why
 
 

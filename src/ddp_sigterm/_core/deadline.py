@@ -8,15 +8,16 @@ handler writes the signal number there the moment the signal arrives, whatever t
 doing. From the first stop signal (or, on a rank that was not signalled, from the agreed stop) the
 process has ``stop_deadline`` seconds to exit, or less where a cloud's preemption notice gives a sooner
 time (:mod:`ddp_sigterm._core.notices`). Past it, or at the third stop request (signals
-less than a second apart count as one), the thread
-writes what the main thread was waiting for to stderr and ends the process with ``os._exit(201)``:
-no clean-up that could block again; the kernel closes the process's connections, which its peers
-see as an error instead of a silence.
+less than a second apart count as one), the thread writes what the main thread was waiting for, and
+every thread's stack, to stderr and ends the process with ``os._exit(201)``: no clean-up that could
+block again; the kernel closes the process's connections, which its peers see as an error instead of
+a silence.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import math
 import os
 import select
@@ -139,8 +140,9 @@ class Deadline:
     def _give_up(self, why: str) -> None:
         message = (f"ddp_sigterm: {self._who}: {why}; it was waiting for {self._activity()}. "
                    f"Giving up on the stop: exiting now with code {exit_codes.GAVE_UP}, without the stop checkpoint "
-                   f"of this stop (resume from the last complete one).\n")
+                   f"of this stop (resume from the last complete one). Where each thread of the process was:\n")
         try:
             os.write(2, message.encode())
+            faulthandler.dump_traceback(2, all_threads=True)  # what a stuck step waits on names the culprit
         finally:
             os._exit(exit_codes.GAVE_UP)
