@@ -152,6 +152,9 @@ class JobResult:
             text = path.read_text(errors="replace") if path.exists() else "<no log>"
             tail = "\n".join(text.splitlines()[-40:])
             lines.append(f"----- tail of {label} ({path}) -----\n{tail}")
+        if (self.out / STACKS).exists():
+            lines.append(f"----- the stacks of the processes left running ({self.out / STACKS}) -----\n"
+                         f"{(self.out / STACKS).read_text(errors='replace')}")
         return "\n".join(lines)
 
     def log(self, label: str) -> str:
@@ -258,7 +261,7 @@ def job_environment(job: Job, env: dict[str, str] | None = None) -> dict[str, st
     run's outcomes): this one's, without its launcher variables, with ``env`` and the ``job``."""
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")):
+    for stale in list(out.glob("outcome.rank*.json")) + list(out.glob("progress.rank*")) + list(out.glob(STACKS)):
         stale.unlink()
     base = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {}), **job.environment()}
     for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -296,7 +299,7 @@ def supervise(
     that long for the rest of their process groups (ranks a launcher started, which may outlive it by
     a moment) to exit too. Every process of the job, descendants included, is killed in ``finally``."""
     procs: dict[str, subprocess.Popen] = {}
-    groups: set[int] = set()  # every process group seen in the job's process trees
+    groups: dict[int, int | None] = {}  # every process group seen in the job's trees -> its leader's start time
     logs: dict[str, Path] = {}
     timed_out = False
     exited_at: dict[str, float] = {}
@@ -308,6 +311,7 @@ def supervise(
             with open(logs[label], "w") as log:
                 procs[label] = subprocess.Popen(cmd, env=proc_env, stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=out)
+            groups[procs[label].pid] = _start_time(procs[label].pid)  # not reaped yet: still its own pid
         deadline = started + timeout
         next_scan = 0.0
         while [p.poll() for p in procs.values()].count(None):  # poll every process, every time
@@ -317,7 +321,7 @@ def supervise(
             if until_exited and until_exited <= set(exited_at):
                 break
             if time.monotonic() > next_scan:
-                groups |= _job_groups(procs)
+                _add_groups(groups, procs)
                 next_scan = time.monotonic() + 0.5
             if time.monotonic() > deadline:
                 timed_out = True
@@ -329,16 +333,17 @@ def supervise(
             if proc.returncode is not None:
                 exited_at.setdefault(label, time.monotonic())
         lingering_until = time.monotonic() + linger
-        while not timed_out and len(exited_at) == len(procs) and _alive_in(groups) and \
+        while not timed_out and len(exited_at) == len(procs) and _alive_in(_ours(groups)) and \
                 time.monotonic() < lingering_until:
             time.sleep(poll)
-        left_behind = _alive_in(groups) if linger else []
+        left_behind = _alive_in(_ours(groups)) if linger else []
     finally:
-        groups |= _job_groups(procs)
-        for proc in procs.values():
-            for pid in _tree(proc.pid):
-                signal_pid(pid, signal.SIGKILL)
-        for pgid in groups:
+        _add_groups(groups, procs)
+        if timed_out:
+            dump_stacks(out / STACKS, _running_trees(procs))
+        for pid in _running_trees(procs):
+            signal_pid(pid, signal.SIGKILL)
+        for pgid in _ours(groups):
             _kill_group(pgid)
         for proc in procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):  # a process that survives SIGKILL: reported below
@@ -404,17 +409,16 @@ def _send(outside: OutsideSignal, procs: dict[str, subprocess.Popen], mode: str)
         _signal_trees(procs.values(), outside.signum)
     elif outside.targets == "pods":
         for proc in procs.values():
-            if proc.poll() is None:
-                signal_pid(proc.pid, outside.signum)
+            _signal_running(proc, outside.signum)
     elif outside.targets.startswith("node:"):  # a node drain: every process of the node (tests/support/nodes.py labels)
         node = f"node{outside.targets.split(':')[1]}"
         _signal_trees([proc for label, proc in procs.items() if label.split(".")[0] == node], outside.signum)
     elif outside.targets == "rank:0" and mode == "lightning":  # the launcher's own process is rank 0
-        signal_pid(procs["launcher"].pid, outside.signum)
+        _signal_running(procs["launcher"], outside.signum)
     elif outside.targets.startswith("rank:"):
         if mode not in ("independent", "slurm"):
             raise ValueError("targets='rank:R' needs one process per rank (independent or slurm mode)")
-        signal_pid(procs[f"rank{outside.targets.split(':')[1]}"].pid, outside.signum)
+        _signal_running(procs[f"rank{outside.targets.split(':')[1]}"], outside.signum)
     else:
         raise ValueError(f"unknown targets {outside.targets!r}")
 
@@ -424,6 +428,12 @@ def _signal_trees(procs: Iterable[subprocess.Popen], signum: int) -> None:
     for proc in procs:
         for pid in _tree(proc.pid) if proc.poll() is None else ():
             signal_pid(pid, signum)
+
+
+def _signal_running(proc: subprocess.Popen, signum: int) -> None:
+    """Send ``signum`` to ``proc`` if it has not exited (once reaped, its pid may be another process's)."""
+    if proc.poll() is None:
+        signal_pid(proc.pid, signum)
 
 
 def _process_table(with_zombies: bool = True) -> dict[int, tuple[int, int]]:
@@ -445,6 +455,29 @@ def _alive_in(groups: set[int]) -> list[int]:
     return [pid for pid, (_, pgid) in _process_table(with_zombies=False).items() if pgid in groups]
 
 
+STACKS = "stacks.txt"  # where a job that timed out leaves the stacks of its processes
+PY_SPY = Path(sys.executable).parent / "py-spy"  # requirements/test.txt
+
+
+def dump_stacks(path: Path, pids: list[int], seconds: float = 60.0) -> None:
+    """Write the Python stacks, every thread's, of ``pids`` still running (not zombies) to ``path``, for a job
+    that did not finish: a hang seen once in CI is then a hang that names where it waits. py-spy reads them
+    from outside, so the job's processes run nothing of it; all of them within ``seconds``."""
+    alive = set(_process_table(with_zombies=False))
+    until = time.monotonic() + seconds
+    with open(path, "w") as stacks:
+        for pid in pids:
+            left = until - time.monotonic()
+            if pid not in alive or left <= 0:
+                continue
+            try:
+                dumped = subprocess.run([str(PY_SPY), "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                        timeout=min(20.0, left))
+                stacks.write(f"===== pid {pid} =====\n{dumped.stdout}{dumped.stderr}\n")
+            except (OSError, subprocess.TimeoutExpired) as error:
+                stacks.write(f"===== pid {pid}: no stack ({type(error).__name__}: {error}) =====\n")
+
+
 def _tree(root: int) -> list[int]:
     """``root`` and all its descendants: ranks, DataLoader workers, torchrun's workers (which run in
     sessions of their own, so a process group does not reach them)."""
@@ -464,10 +497,34 @@ def signal_pid(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def _job_groups(procs: dict[str, subprocess.Popen]) -> set[int]:
-    """Process groups led by the started processes or by their descendants (never anyone else's)."""
-    pids = {pid for proc in procs.values() for pid in _tree(proc.pid)}
-    return {pid for pid in pids if _pgid(pid) == pid} | {proc.pid for proc in procs.values()}
+def _running_trees(procs: dict[str, subprocess.Popen]) -> list[int]:
+    """The started processes still running and their descendants. Not the tree of one that has exited: once
+    reaped, its pid is free, and a process another test starts may get it (pid_max is 32768 here, and every
+    thread takes a number too, so numbers come round again within a make test)."""
+    return [pid for proc in procs.values() if proc.poll() is None for pid in _tree(proc.pid)]
+
+
+def _add_groups(groups: dict[int, int | None], procs: dict[str, subprocess.Popen]) -> None:
+    """Add the process groups led by the started processes still running or by their descendants, each with
+    its leader's start time, to ``groups``."""
+    for pid in _running_trees(procs):
+        if pid not in groups and _pgid(pid) == pid:
+            groups[pid] = _start_time(pid)
+
+
+def _ours(groups: dict[int, int | None]) -> set[int]:
+    """The groups of ``groups`` still the job's: not one whose number now leads a process started at another
+    time (the job's group ended, and another test's process took the number). A group whose leader has exited
+    while members remain keeps its number until the last of them is gone."""
+    return {pgid for pgid, started in groups.items() if _start_time(pgid) in (None, started)}
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (/proc/<pid>/stat's 22nd field); None if no such process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _pgid(pid: int) -> int | None:
