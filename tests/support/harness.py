@@ -24,6 +24,8 @@ import dataclasses
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -243,6 +245,11 @@ def run_commands(out: Path, mode: str, world_size: int, commands: dict[str, tupl
                 _send(sig, procs, mode)
 
     run = supervise(out, commands, timeout, on_poll=send_due_signals, poll=poll, until_exited=until_exited)
+    if run.timed_out and "PYTEST_CURRENT_TEST" in os.environ and cpython_fork_hang(out):
+        import pytest  # the harness serves tools/soak.py too, which reports the hang itself
+
+        pytest.xfail(f"a DataLoader worker hung inside fork(), in CPython's bug gh-112275 (fixed in 3.11.10 and "
+                     f"3.12.0), not in what the test checks; the stacks: {out / STACKS}")
     return JobResult(mode, world_size, out, run.timed_out, run.returncodes, read_outcomes(out), run.logs,
                      run.elapsed, signals, run.exited_at)
 
@@ -459,23 +466,41 @@ STACKS = "stacks.txt"  # where a job that timed out leaves the stacks of its pro
 PY_SPY = Path(sys.executable).parent / "py-spy"  # requirements/test.txt
 
 
+GDB = shutil.which("gdb")  # .ci/run installs it
+
+
 def dump_stacks(path: Path, pids: list[int], seconds: float = 60.0) -> None:
     """Write the Python stacks, every thread's, of ``pids`` still running (not zombies) to ``path``, for a job
     that did not finish: a hang seen once in CI is then a hang that names where it waits. py-spy reads them
-    from outside, so the job's processes run nothing of it; all of them within ``seconds``."""
+    from outside, so the job's processes run nothing of it; where it finds no Python to read (a child stuck
+    in CPython's own code after fork), gdb writes the native stack. All of them within ``seconds``."""
     alive = set(_process_table(with_zombies=False))
     until = time.monotonic() + seconds
     with open(path, "w") as stacks:
         for pid in pids:
-            left = until - time.monotonic()
-            if pid not in alive or left <= 0:
+            if pid not in alive:
                 continue
-            try:
-                dumped = subprocess.run([str(PY_SPY), "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                        timeout=min(20.0, left))
-                stacks.write(f"===== pid {pid} =====\n{dumped.stdout}{dumped.stderr}\n")
-            except (OSError, subprocess.TimeoutExpired) as error:
-                stacks.write(f"===== pid {pid}: no stack ({type(error).__name__}: {error}) =====\n")
+            tools = [[str(PY_SPY), "dump", "--pid", str(pid)]]
+            for tool in tools:
+                left = until - time.monotonic()
+                try:
+                    if left <= 0:
+                        raise subprocess.TimeoutExpired(tool, seconds)
+                    dumped = subprocess.run(tool, capture_output=True, text=True, timeout=min(20.0, left))
+                    stacks.write(f"===== pid {pid}: {Path(tool[0]).name} =====\n{dumped.stdout}{dumped.stderr}\n")
+                    if dumped.returncode != 0 and GDB is not None and len(tools) == 1:
+                        tools.append([GDB, "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"])
+                except (OSError, subprocess.TimeoutExpired) as error:
+                    stacks.write(f"===== pid {pid}: no stack ({type(error).__name__}: {error}) =====\n")
+
+
+def cpython_fork_hang(out: Path) -> bool:
+    """Whether a process of a job that ran past its timeout was a child stuck in CPython's fork bug gh-112275
+    (fixed in 3.11.10 and 3.12.0): in ``PyOS_AfterFork_Child``, waiting for the lock of thread states that
+    another thread of its parent held at the fork (docs/reliability.md, tests/test_fork_safety.py)."""
+    stacks = out / STACKS
+    return stacks.exists() and re.search(r"_PyThreadState_DeleteExcept[\s\S]*?PyOS_AfterFork_Child",
+                                         stacks.read_text(errors="replace")) is not None
 
 
 def _tree(root: int) -> list[int]:
