@@ -58,16 +58,25 @@ class Heartbeat:
     def beat(self) -> None:
         """The thread's body: a heartbeat every period until one carries "closing" or fails."""
         report = torch.zeros(3, dtype=torch.int64)
+        held = None  # the last heartbeat's work, let go at the next one (see below)
         while True:
             with self._lock:
                 reported = self._book.report()
                 self._arrived.clear()
             report[0], report[1], report[2] = int(self._signalled()), reported, int(self._closing)
             try:
-                dist.all_reduce(report, op=dist.ReduceOp.MAX, group=self.group)
+                work = dist.all_reduce(report, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+                work.wait()
             except Exception:  # a peer gone or stuck: training's own collectives meet it too; this thread ends
+                work = None
                 report.zero_()
                 report[2] = 1
+            # Whoever frees a work last frees its hold on ``report``, which needs the GIL. Freed by gloo's
+            # own thread, that means a new Python thread state, made under the interpreter's lock of thread
+            # states but not the GIL: a DataLoader worker forked at that moment inherits the lock taken and
+            # hangs before it runs (CPython < 3.11.10 and 3.12.0, gh-112275). Held here until the next
+            # heartbeat, a period after gloo let go of it, the work is freed by this thread instead.
+            held = work  # noqa: F841 (kept, not read)
             with self._lock:
                 self._book.heard(bool(report[0]), int(report[1]))
                 self._arrived.set()
