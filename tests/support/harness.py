@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ddp_sigterm_tests.scenario import Job, Scenario
 
@@ -480,18 +480,25 @@ def dump_stacks(path: Path, pids: list[int], seconds: float = 60.0) -> None:
         for pid in pids:
             if pid not in alive:
                 continue
-            tools = [[str(PY_SPY), "dump", "--pid", str(pid)]]
-            for tool in tools:
-                left = until - time.monotonic()
-                try:
-                    if left <= 0:
-                        raise subprocess.TimeoutExpired(tool, seconds)
-                    dumped = subprocess.run(tool, capture_output=True, text=True, timeout=min(20.0, left))
-                    stacks.write(f"===== pid {pid}: {Path(tool[0]).name} =====\n{dumped.stdout}{dumped.stderr}\n")
-                    if dumped.returncode != 0 and GDB is not None and len(tools) == 1:
-                        tools.append([GDB, "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"])
-                except (OSError, subprocess.TimeoutExpired) as error:
-                    stacks.write(f"===== pid {pid}: no stack ({type(error).__name__}: {error}) =====\n")
+            failed = _write_stack(stacks, pid, [str(PY_SPY), "dump", "--pid", str(pid)], until) not in (0, None)
+            if failed and GDB is not None:
+                _write_stack(stacks, pid, [GDB, "-p", str(pid), "-batch", "-ex", "thread apply all bt 30"], until)
+
+
+def _write_stack(stacks: TextIO, pid: int, command: list[str], until: float) -> int | None:
+    """Run ``command``, a tool that prints ``pid``'s stacks, within the time left before ``until`` (20 s at most),
+    and write what it printed, or why it printed nothing, to ``stacks``. Returns its exit code (None: it did not
+    run to its end)."""
+    left = until - time.monotonic()
+    try:
+        if left <= 0:
+            raise subprocess.TimeoutExpired(command, 0)
+        dumped = subprocess.run(command, capture_output=True, text=True, timeout=min(20.0, left))
+    except (OSError, subprocess.TimeoutExpired) as error:
+        stacks.write(f"===== pid {pid}: no stack ({type(error).__name__}: {error}) =====\n")
+        return None
+    stacks.write(f"===== pid {pid}: {Path(command[0]).name} =====\n{dumped.stdout}{dumped.stderr}\n")
+    return dumped.returncode
 
 
 def cpython_fork_hang(out: Path) -> bool:
