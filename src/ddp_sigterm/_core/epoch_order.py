@@ -1,0 +1,147 @@
+"""Where a stop left the training data in its epoch, and the rest of that epoch on any number of ranks.
+
+A distributed sampler deals an epoch's global order out to the ranks: place ``i`` of it to rank ``i % W`` (torch's
+DistributedSampler pads the order to a multiple of ``W`` with its first samples, or cuts it). A stop is agreed at
+the same batch on every rank, so what the job trained of the stopped epoch is a prefix of that order.
+:class:`EpochPosition` records the order and the prefix; :meth:`EpochPosition.rest` is the order of what is left:
+on the same number of ranks, the stopped run's own; on another, each sample not trained yet, once.
+:class:`RestOfEpoch` deals it out on the resumed run, for that one epoch. Pure: torch only, no process group.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DistributedSampler, Sampler
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPosition:
+    """A training loader's place in its epoch at a stop, the same on every rank."""
+
+    epoch: int
+    world_size: int
+    """The ranks the epoch was dealt to."""
+    batch_size: int
+    consumed: int
+    """Samples each rank's loader has given out in the epoch: what a loader's own saved position passes over."""
+    trained: int
+    """Places of ``order`` trained, a prefix (``world_size × consumed`` unless the epoch was resumed on another
+    number of ranks)."""
+    order: list[int]
+    """The epoch's global order: the sample at place ``i`` went to rank ``i % world_size``."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.trained <= len(self.order):
+            raise ValueError(f"trained must be within the epoch's {len(self.order)} places, got {self.trained}")
+        if self.world_size < 1 or self.batch_size < 1 or self.consumed < 0:
+            raise ValueError(f"not a position: world_size {self.world_size}, batch_size {self.batch_size}, "
+                             f"consumed {self.consumed}")
+
+    def rest(self, world_size: int, multiple: int = 1) -> list[int]:
+        """The global order of the rest of the epoch on ``world_size`` ranks. The same ranks: the stopped run's own
+        order from the stop on. Another number: each sample the epoch has not trained yet, once, in the order's
+        order, padded with its own first samples (as DistributedSampler pads) to a multiple of ``world_size ×
+        multiple`` (``multiple``: a batch, where the loader drops a last partial one)."""
+        if world_size == self.world_size:
+            return self.order[self.trained:]
+        seen, rest = set(self.order[:self.trained]), []
+        for sample in self.order[self.trained:]:
+            if sample not in seen:
+                seen.add(sample)
+                rest.append(sample)
+        if not rest:
+            return rest
+        short = -len(rest) % (world_size * multiple)
+        return rest + (rest * (short // len(rest) + 1))[:short]
+
+    def continued(self, rest: list[int], world_size: int, batch_size: int, consumed: int) -> EpochPosition:
+        """The position after the epoch went on as ``rest`` (see :meth:`rest`) on ``world_size`` ranks, each of whose
+        loaders has now given out ``consumed`` samples, ``self.consumed`` of them before the stop."""
+        per_rank = consumed - self.consumed
+        return EpochPosition(self.epoch, world_size, batch_size, consumed, self.trained + world_size * per_rank,
+                             self.order[:self.trained] + rest)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As the stop checkpoint keeps it (the order as a tensor)."""
+        return {**dataclasses.asdict(self), "order": torch.tensor(self.order, dtype=torch.int64)}
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> EpochPosition:
+        order = saved["order"]
+        return cls(**{**saved, "order": order.tolist() if isinstance(order, torch.Tensor) else list(order)})
+
+
+def global_order(sampler: DistributedSampler[Any], place: Callable[[int], int] | None = None) -> list[int]:
+    """The epoch's global order that ``sampler`` deals out for its current epoch (the order its ``rank``'s share is
+    cut from, padded or cut as it does). ``place``: maps each place of that order to a sample (Lightning's
+    DistributedSamplerWrapper deals out places of the sampler it wraps); default: the place is the sample. Read with
+    torch's own DistributedSampler iteration, for one rank that takes every place."""
+    whole = copy.copy(sampler)
+    whole.num_replicas, whole.rank, whole.num_samples = 1, 0, sampler.total_size
+    places = list(DistributedSampler.__iter__(whole))
+    return places if place is None else [place(index) for index in places]
+
+
+class RestOfEpoch(Sampler[int]):
+    """Stands in for a loader's sampler (as its batch sampler's ``sampler``) for the rest of one epoch: yields
+    ``skipped`` samples first, which the loader's own restored position passes over, then this rank's share of the
+    rest; at the next epoch's ``set_epoch`` it gives ``batch_sampler`` its own sampler back."""
+
+    def __init__(self, batch_sampler: Any, epoch: int, skipped: list[int], share: list[int],
+                 position: EpochPosition, rest: list[int]) -> None:
+        self.batch_sampler, self.sampler = batch_sampler, batch_sampler.sampler
+        self.epoch, self.indices, self.skipped = epoch, skipped + share, len(skipped)
+        self.position, self.rest = position, rest
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed on to the loader's own sampler (a loader's ``set_epoch`` may reach it only through here: Lightning
+        puts its sampler in a batch sampler of its own); from the next epoch on, that sampler deals again."""
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        if epoch != self.epoch and self.batch_sampler.sampler is self:
+            self.batch_sampler.sampler = self.sampler
+
+    def now(self, world_size: int, batch_size: int, consumed: int) -> EpochPosition:
+        """The epoch's position once each rank's loader has given out ``consumed`` samples of it."""
+        return self.position.continued(self.rest, world_size, batch_size, consumed)
+
+
+class StatefulRestOfEpoch(RestOfEpoch):
+    """:class:`RestOfEpoch` for a sampler that keeps its own position (``state_dict``, as torchdata's
+    StatefulDistributedSampler: ``{"yielded": n}``): a loader then passes over what it yielded by asking it, not by
+    drawing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._from, self.yielded = 0, 0
+        # the loader gave its own sampler the stop's position already (its iteration takes it up only when it starts
+        # drawing): this epoch's rest is dealt here, and the next epoch starts at its beginning
+        self.sampler.load_state_dict({"yielded": 0})
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._from = self._from, 0
+        self.yielded = start
+        for sample in self.indices[start:]:
+            self.yielded += 1
+            yield sample
+
+    def state_dict(self) -> dict[str, int]:
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "yielded" not in state:
+            raise ValueError(f"ddp_sigterm: the loader's sampler position {sorted(state)} is not a "
+                             "StatefulDistributedSampler's ('yielded'): the rest of the epoch cannot pass over it")
+        self._from = int(state["yielded"])
