@@ -92,6 +92,23 @@ def test_the_entry_points_instance_follows_the_trainers_choice_of_checkpoint(dis
     assert "_select_ckpt_path" not in trainer_of(distribution, tmp_path)._checkpoint_connector.__dict__
 
 
+@pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))
+def test_the_sampler_wrapper_whose_order_a_resume_deals_is_there(distribution: str) -> None:
+    """Lightning wraps a training loader's own sampler (a StatefulDataLoader's ``shuffle=True``: torchdata's
+    RandomSampler) in its DistributedSamplerWrapper; the stop records the wrapped sampler's generator."""
+    installed(distribution)
+    from torchdata.stateful_dataloader.sampler import RandomSampler
+
+    module = importlib.import_module(f"{DISTRIBUTIONS[distribution][1]}.utilities.distributed")
+    inner = RandomSampler(range(10))
+    wrapper = getattr(module, internals.SAMPLER_WRAPPER)(inner, num_replicas=2, rank=0)
+    assert not internals.missing(wrapper, internals.WRAPPED, distribution)
+    assert internals.wrapped_sampler(wrapper) is inner
+    assert internals.wrapped_sampler(inner) is None
+    assert [wrapper.dataset[place] for place in range(10)] == wrapper.dataset._sampler_list, \
+        "the wrapper's places index the order it drew from the wrapped sampler"
+
+
 def test_the_dataloader_iterator_the_fork_hook_looks_for_is_there() -> None:
     """process._forked_by_dataloader finds a DataLoader's fork by the code object of this constructor."""
     assert callable(_MultiProcessingDataLoaderIter.__init__)

@@ -68,6 +68,9 @@ TRAINER = (
     Internal("fit_loop._combined_loader", "the training loaders, whose saved positions a resume gives back"),
     Internal("fit_loop._combined_loader_states_to_load", "the positions Lightning left pending (#20550)"),
     Internal("fit_loop._data_fetcher", "its iterator, made again from the positions"),
+    Internal("fit_loop.epoch_progress", "the epoch a fit resumes in"),
+    Internal("fit_loop.epoch_loop.batch_progress", "the batches of the epoch trained at the stop"),
+    Internal("fit_loop.max_batches", "the length of the rest of an epoch resumed on another number of ranks"),
 )
 BEFORE_RUN = (Internal("_checkpoint_connector._select_ckpt_path", "Lightning's choice of the checkpoint a fit resumes "
                         "from, followed by the loggers' runs given back, before they are made"),)
@@ -88,6 +91,10 @@ LOGGERS = {
 }
 """The loggers whose run a resume from a stop continues (both distributions' and Fabric's classes of these names, and
 their subclasses), and what of each it reaches."""
+SAMPLER_WRAPPER = "DistributedSamplerWrapper"
+"""The class of Lightning's sampler around a training loader's own non-distributed sampler: it deals out places of
+the order its ``dataset`` (a ``_DatasetSamplerWrapper``) draws from that sampler at every iteration."""
+WRAPPED = (Internal("dataset._sampler", "the sampler it wraps, whose generator a resume gives back"),)
 CHILD_WATCH = "_ChildProcessObserver"
 """The class of the thread by which Lightning's own launcher SIGKILLs every rank once one has exited non-zero."""
 LAUNCHER = (
@@ -278,24 +285,62 @@ def has_position(loader: Any) -> bool:
     return all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))
 
 
+def training_loaders(trainer: Any) -> list[Any]:
+    """The fit's training loaders (those of its CombinedLoader), once its data is set up; else empty."""
+    loaders = trainer.fit_loop._combined_loader
+    return [] if loaders is None else list(loaders.flattened)
+
+
+def epoch_now(trainer: Any) -> int:
+    """The epoch the fit is in (the one a resumed fit resumes in)."""
+    return int(trainer.fit_loop.epoch_progress.current.processed)
+
+
+def batches_this_epoch(trainer: Any) -> int:
+    """The training batches of this epoch run to their end (the one being ended included, at its batch end)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+
+def set_epoch_length(trainer: Any, batches: int | float, limits: list[int | float] | None = None) -> tuple[
+        int | float, list[int | float] | None]:
+    """Make the fit's current epoch ``batches`` long (``limits``: the training loaders' own, default ``batches`` for
+    each); Lightning reads the length from the loaders once, when it sets them up. Returns the length and limits it
+    replaced."""
+    fit_loop = trainer.fit_loop
+    loaders = fit_loop._combined_loader
+    before = fit_loop.max_batches, None if loaders is None else loaders.limits
+    fit_loop.max_batches = batches
+    if loaders is not None:
+        loaders.limits = limits if limits is not None else [batches] * len(loaders.flattened)
+    return before
+
+
+def wrapped_sampler(sampler: Any) -> Any | None:
+    """The sampler that Lightning's DistributedSamplerWrapper ``sampler`` wraps; None for any other sampler."""
+    for cls in type(sampler).__mro__:
+        if cls.__name__ == SAMPLER_WRAPPER and cls.__module__.startswith(_LIGHTNING_PACKAGES):
+            return sampler.dataset._sampler
+    return None
+
+
 def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> bool:
     """At the start of a resumed fit, give the training loaders back ``positions`` (see
-    :func:`saved_loader_positions`) for the epoch the fit resumes in, and make the data fetcher's iterator again
-    from them. Lightning loads the positions before the loop sets its samplers' epoch: a shuffling sampler that
-    draws its order as the iterator is made (torch's DistributedSampler, or any sampler the loader's workers
-    prefetch from) then resumes in epoch 0's order at the saved offset. And it drops them when the data was set up
-    before the restore (``trainer.estimated_stepping_batches`` in ``configure_optimizers``: #20550). True if it
-    gave any back."""
+    :func:`saved_loader_positions`) for the epoch the fit resumes in; the data fetcher's iterator must then be made
+    again from them (:func:`remake_iterator`). Lightning loads the positions before the loop sets its samplers'
+    epoch: a shuffling sampler that draws its order as the iterator is made (torch's DistributedSampler, or any
+    sampler the loader's workers prefetch from) then resumes in epoch 0's order at the saved offset. And it drops
+    them when the data was set up before the restore (``trainer.estimated_stepping_batches`` in
+    ``configure_optimizers``: #20550). True if it gave any back."""
     fit_loop = trainer.fit_loop
-    loaders, fetcher = fit_loop._combined_loader, fit_loop._data_fetcher
-    if not positions or loaders is None or fetcher is None:
+    loaders = training_loaders(trainer)
+    if not positions or not loaders or fit_loop._data_fetcher is None:
         return False
     # the fit loop saved one position per loader that has state_dict and load_state_dict, in this order
-    stateful = [loader for loader in loaders.flattened if has_position(loader)]
+    stateful = [loader for loader in loaders if has_position(loader)]
     if len(stateful) != len(positions):  # not the loaders that were saved: Lightning raises on its own path
         return False
-    epoch = fit_loop.epoch_progress.current.processed
-    for loader in loaders.flattened:
+    epoch = epoch_now(trainer)
+    for loader in loaders:
         samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
         for set_epoch in {id(sampler): getattr(sampler, "set_epoch", None) for sampler in samplers}.values():
             if callable(set_epoch):
@@ -303,8 +348,14 @@ def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> b
     for loader, position in zip(stateful, positions):
         loader.load_state_dict(position)
     fit_loop._combined_loader_states_to_load = []  # given back here, where Lightning dropped them (#20550)
-    iter(fetcher)
     return True
+
+
+def remake_iterator(trainer: Any) -> None:
+    """Make the fit's data fetcher's iterator again, from the training loaders as they are now."""
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None:
+        iter(fetcher)
 
 
 def _no_broadcast() -> None:

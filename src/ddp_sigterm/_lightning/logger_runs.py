@@ -20,18 +20,15 @@ import torch
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from ddp_sigterm._lightning import internals
-
-KEY = "ddp_sigterm"
-"""The stop checkpoint's entry of the package's own (Lightning loads a checkpoint's other entries and ignores it):
-``{"logger_runs": [...]}``, one entry per logger of ``trainer.loggers``, ``{"logger": <class>, "run": <run>}``, or
-None for a logger whose run is not carried."""
+from ddp_sigterm._lightning import internals, stop_checkpoints
 
 Runs = list[dict[str, Any] | None]
 
 
 def record(loggers: list[Any], distribution: str) -> Runs:
-    """What the stop checkpoint records of ``loggers``' runs (see :data:`KEY`); ``distribution``: the Trainer's
+    """What the stop checkpoint records of ``loggers``' runs (under ``stop_checkpoints.KEY``: ``{"logger_runs":
+    [...]}``, one entry per logger of ``trainer.loggers``, ``{"logger": <class>, "run": <run>}``, or None for a logger
+    whose run is not carried); ``distribution``: the Trainer's
     (``lightning`` or ``pytorch_lightning``), whose release gates the internals."""
     runs: Runs = []
     for logger in loggers:
@@ -53,7 +50,7 @@ def recorded(path: str) -> Runs:
     else:
         with fs.open(where, "rb") as file:
             checkpoint = torch.load(file, map_location="cpu", weights_only=False)
-    runs: Runs = checkpoint.get(KEY, {}).get("logger_runs", [])
+    runs: Runs = checkpoint.get(stop_checkpoints.KEY, {}).get("logger_runs", [])
     return runs
 
 

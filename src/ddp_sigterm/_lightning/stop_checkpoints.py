@@ -13,6 +13,10 @@ from fsspec.core import url_to_fs
 
 from ddp_sigterm._core.log import logger
 
+KEY = "ddp_sigterm"
+"""A stop checkpoint's entry of the package's own (Lightning loads a checkpoint's other entries and ignores it): the
+loggers' runs (:mod:`logger_runs`) and the training data's place (:mod:`loader_positions`)."""
+
 _NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
 

@@ -53,7 +53,7 @@ from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
-from ddp_sigterm._lightning import internals, logger_runs, stop_checkpoints
+from ddp_sigterm._lightning import internals, loader_positions, logger_runs, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -88,6 +88,8 @@ class TrainerStop(Integration):
         self._coordinator: StopCoordinator | None = None
         self._trainer: Any | None = None
         self._loader_positions: list[dict[str, Any]] = []  # from the checkpoint a fit resumes from
+        self._data_position: dict[str, Any] | None = None  # what the stop checkpoint it resumes from recorded
+        self._epoch_lengths: tuple[Any, Any] | None = None  # the fit's own, while the package deals an epoch
 
     # -- set-up and tear-down ------------------------------------------------------------------
     def _steps_aside(self, trainer: Any) -> bool:
@@ -222,15 +224,32 @@ class TrainerStop(Integration):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._on_stage_start()
         # a resume from a stop checkpoint (hpc_ckpt_<N>.ckpt) gets its loaders' positions back in the epoch it
-        # resumes in; any other resume is left as stock Lightning runs it
+        # resumes in, and the rest of that epoch where their own positions would not give it; any other resume is
+        # left as stock Lightning runs it
         positions, self._loader_positions = self._loader_positions, []
-        if self._coordinator is not None and stop_checkpoints.is_one(trainer.ckpt_path) \
-                and internals.restore_loader_positions(trainer, positions):
+        recorded, self._data_position = self._data_position, None
+        self._epoch_lengths = None
+        if self._coordinator is None or not stop_checkpoints.is_one(trainer.ckpt_path):
+            return
+        given = internals.restore_loader_positions(trainer, positions)
+        resumed = loader_positions.resume(trainer, recorded)
+        if given or resumed.changed:
+            internals.remake_iterator(trainer)
+        self._epoch_lengths = resumed.lengths
+        for said in resumed.said:
+            self.lightning.rank_zero_info(said)
+        if given:
             self.lightning.rank_zero_info(f"ddp_sigterm: the training loaders resume where the stop left them, in "
                                           f"epoch {trainer.current_epoch}")
 
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        lengths, self._epoch_lengths = self._epoch_lengths, None
+        if lengths is not None:  # the epoch the package dealt is over
+            loader_positions.epoch_over(trainer, lengths)
+
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._loader_positions = internals.saved_loader_positions(checkpoint)
+        self._data_position = checkpoint.get(stop_checkpoints.KEY, {}).get(loader_positions.KEY)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self._on_stage_start()
@@ -375,7 +394,9 @@ def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: 
 
     def write(partial: str) -> None:
         checkpoint = dump()
-        checkpoint[logger_runs.KEY] = {"logger_runs": logger_runs.record(trainer.loggers, distribution)}
+        checkpoint[stop_checkpoints.KEY] = {"logger_runs": logger_runs.record(trainer.loggers, distribution)}
+        if trainer.is_global_zero:  # the rank that writes what is not tensors (sharded checkpoints too)
+            checkpoint[stop_checkpoints.KEY][loader_positions.KEY] = loader_positions.record(trainer)
         trainer.strategy.save_checkpoint(checkpoint, partial)
 
     saved = save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
-from ddp_sigterm._lightning import logger_runs
+from ddp_sigterm._lightning import logger_runs, stop_checkpoints
 
 
 @pytest.fixture(autouse=True)
@@ -100,12 +100,12 @@ def test_a_checkpoint_without_runs_gives_nothing_back(tmp_path: Path) -> None:
 
     torch.save({"state_dict": {}}, tmp_path / "hpc_ckpt_1.ckpt")
     assert logger_runs.recorded(str(tmp_path / "hpc_ckpt_1.ckpt")) == []
-    torch.save({logger_runs.KEY: {"logger_runs": [None, {"logger": "CSVLogger", "run": 4}]}},
+    torch.save({stop_checkpoints.KEY: {"logger_runs": [None, {"logger": "CSVLogger", "run": 4}]}},
                tmp_path / "hpc_ckpt_2.ckpt")
     assert logger_runs.recorded(str(tmp_path / "hpc_ckpt_2.ckpt")) == [None, {"logger": "CSVLogger", "run": 4}]
     sharded = tmp_path / "hpc_ckpt_3.ckpt"  # FSDP's sharded checkpoint: a folder, what is not tensors in meta.pt
     sharded.mkdir()
-    torch.save({logger_runs.KEY: {"logger_runs": [{"logger": "CSVLogger", "run": 5}]}}, sharded / "meta.pt")
+    torch.save({stop_checkpoints.KEY: {"logger_runs": [{"logger": "CSVLogger", "run": 5}]}}, sharded / "meta.pt")
     assert logger_runs.recorded(str(sharded)) == [{"logger": "CSVLogger", "run": 5}]
 
 

@@ -1,0 +1,174 @@
+"""The training data's place in its epoch across a stop, for a resume on the same ranks or on another number of them.
+
+Lightning saves a stateful loader's position (torchdata's StatefulDataLoader: the samples it gave out) in the
+checkpoint, global rank 0's, and gives it to every rank of the resumed fit. That is exact when the sampler deals the
+same order again: torch's DistributedSampler (shuffled by its seed and the epoch) on the same number of ranks. It is
+not when the sampler is Lightning's DistributedSamplerWrapper around the loader's own (``shuffle=True`` of a
+StatefulDataLoader is torchdata's RandomSampler, which Lightning wraps), whose order is drawn anew at every
+iteration, nor when the resumed job has another number of ranks: each rank then passes over the stopped rank 0's
+count of its own new share.
+
+So the stop checkpoint also records, per training loader, the stopped epoch's global order and what of it was
+trained (:class:`~ddp_sigterm._core.epoch_order.EpochPosition`), and the wrapped sampler's generator. A resume from
+it, in either case, has each rank's loader deal this rank's share of the rest of that epoch
+(:class:`~ddp_sigterm._core.epoch_order.RestOfEpoch`), over the loader's own restored position, and gives the
+wrapped sampler its generator back for the epochs after. Where the place cannot be carried to another number of
+ranks, rank 0 says so once and the epoch starts over. docs/trainer.md has the cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from ddp_sigterm._core.epoch_order import EpochPosition, RestOfEpoch, StatefulRestOfEpoch, global_order
+from ddp_sigterm._lightning import internals
+
+KEY = "data_position"
+"""Its entry in the stop checkpoint's own (``stop_checkpoints.KEY``): ``{"world_size": W, "batch_size": <global>,
+"loaders": [...]}``, per training loader None where its place cannot be recorded, else ``{"position":
+<EpochPosition.as_dict()>, "samples": <its dataset's length>, "own_order": <whether its own sampler deals the epoch's
+order again on as many ranks>, "generator": <the wrapped sampler's generator state, or None>}``."""
+
+
+@dataclasses.dataclass
+class Resumed:
+    """What :func:`resume` did."""
+
+    changed: bool = False
+    """A loader changed: the fit's iterator must be made again."""
+    said: list[str] = dataclasses.field(default_factory=list)
+    """What rank 0 says, once."""
+    lengths: tuple[int | float, list[int | float] | None] | None = None
+    """The fit's own epoch length and loader limits, to give back when the dealt epoch is over."""
+
+
+def record(trainer: Any) -> dict[str, Any]:
+    """What the stop checkpoint records of the training data's place (every rank's the same at an agreed stop)."""
+    loaders = internals.training_loaders(trainer)
+    entries = [_entry(trainer, loader) if len(loaders) == 1 else None for loader in loaders]
+    return {"world_size": trainer.world_size, "batch_size": _global_batch_size(trainer, loaders), "loaders": entries}
+
+
+def _entry(trainer: Any, loader: Any) -> dict[str, Any] | None:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler, batch_size = getattr(batch_sampler, "sampler", None), getattr(batch_sampler, "batch_size", None)
+    if not internals.has_position(loader) or not isinstance(batch_size, int):
+        return None
+    consumed = internals.batches_this_epoch(trainer) * batch_size
+    dealing = sampler if isinstance(sampler, RestOfEpoch) else None
+    if dealing is not None:  # a stop again, in the rest of an epoch the package deals
+        sampler = dealing.sampler
+    if not isinstance(sampler, DistributedSampler):
+        return None
+    wrapped = internals.wrapped_sampler(sampler)
+    if dealing is not None:
+        position = dealing.now(sampler.num_replicas, batch_size, consumed)
+    else:
+        order = global_order(sampler, None if wrapped is None else sampler.dataset.__getitem__)
+        position = EpochPosition(sampler.epoch, sampler.num_replicas, batch_size, consumed,
+                                 min(sampler.num_replicas * consumed, len(order)), order)
+    generator = getattr(wrapped, "generator", None)
+    return {"position": position.as_dict(), "samples": len(loader.dataset),
+            "own_order": wrapped is None and dealing is None,
+            "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
+
+
+def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
+    """At the start of a fit resumed from a stop checkpoint that ``recorded`` the data's place (see :func:`record`),
+    after the loaders got their own positions back: deal the rest of the stopped epoch where the loaders' own
+    positions would not give it (a wrapped sampler, another number of ranks), or start the epoch over where the place
+    cannot be carried to another number of ranks."""
+    loaders = internals.training_loaders(trainer)
+    resumed = Resumed()
+    if recorded is None or not loaders:
+        return resumed
+    before, now = int(recorded["world_size"]), trainer.world_size
+    entries = recorded["loaders"] if len(recorded["loaders"]) == len(loaders) else [None] * len(loaders)
+    if before != now:
+        resumed.said.append(f"ddp_sigterm: the job resumed on {now} ranks where it stopped on {before}: the global "
+                            f"batch size was {recorded['batch_size']}, it is {_global_batch_size(trainer, loaders)}")
+    for loader, entry in zip(loaders, entries):
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+        if entry is None and before == now:
+            continue  # as stock Lightning resumes it
+        if entry is not None and entry["own_order"] and isinstance(sampler, DistributedSampler) \
+                and sampler.num_replicas == entry["position"]["world_size"]:
+            continue  # the loader's own position gives the rest of the epoch back
+        why = _why_not(loader, entry) or _deal_the_rest(trainer, loader, entry, resumed)
+        if why is not None:
+            if internals.has_position(loader):
+                loader.load_state_dict({})  # torchdata's: no position, the epoch's first batch next
+                resumed.changed = True
+            resumed.said.append(f"ddp_sigterm: the training loader's place in epoch {internals.epoch_now(trainer)} "
+                                f"cannot be carried from {before} ranks to {now} ({why}): the epoch starts over")
+    return resumed
+
+
+def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
+    """Why the rest of the stopped epoch cannot be dealt over this fit's ranks, or None."""
+    sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
+    if not internals.has_position(loader):
+        return f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"
+    if entry is None:
+        return "the stop recorded no place for it: it was not the one training loader, over a distributed sampler"
+    if not isinstance(sampler, DistributedSampler):
+        return f"its sampler, {type(sampler).__name__}, is not distributed"
+    if internals.has_position(sampler) and "yielded" not in sampler.state_dict():  # type: ignore[attr-defined]
+        return f"its sampler, {type(sampler).__name__}, keeps a position of its own"
+    if len(loader.dataset) != entry["samples"]:
+        return f"its dataset has {len(loader.dataset)} samples, {entry['samples']} at the stop"
+    return None
+
+
+def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Resumed) -> str | None:
+    """Have ``loader`` deal this rank's share of the rest of the recorded epoch, for this epoch; give the wrapped
+    sampler its generator back. Returns why it cannot, or None."""
+    position = EpochPosition.from_dict(entry["position"])
+    if position.epoch != internals.epoch_now(trainer) or position.trained == len(position.order):
+        return None  # the stopped epoch was over
+    batch_sampler = loader.batch_sampler
+    own, size, drops = batch_sampler.sampler, batch_sampler.batch_size, batch_sampler.drop_last
+    world, rank = own.num_replicas, own.rank  # the data-parallel ranks
+    rest = position.rest(world, size if drops else 1)
+    share = rest[rank::world]
+    # the loader's own restored position passes over as many samples as it had given out at the stop
+    batches = (position.consumed + len(share)) // size if drops else -(-(position.consumed + len(share)) // size)
+    if batches != len(batch_sampler):
+        if trainer.limit_train_batches != 1.0:
+            return f"limit_train_batches={trainer.limit_train_batches} cuts an epoch of another length"
+        resumed.lengths = internals.set_epoch_length(trainer, batches)
+    kind = StatefulRestOfEpoch if internals.has_position(own) else RestOfEpoch
+    batch_sampler.sampler = kind(batch_sampler, position.epoch, position.order[:position.consumed], share, position,
+                                 rest)
+    generator = getattr(internals.wrapped_sampler(own), "generator", None)
+    if entry["generator"] is not None and isinstance(generator, torch.Generator):
+        generator.set_state(entry["generator"])  # its next draw is the next epoch's, as in the run that stopped
+    resumed.changed = True
+    if world != position.world_size:
+        left = len(set(rest))
+        resumed.said.append(f"ddp_sigterm: the rest of epoch {position.epoch}, {left} samples not trained yet, is "
+                            f"dealt out over the {world} data-parallel ranks, each sample once ({len(rest) - left} "
+                            f"places of padding): {batches - position.consumed // size} batches each")
+    return None
+
+
+def epoch_over(trainer: Any, lengths: tuple[int | float, list[int | float] | None]) -> None:
+    """At the next training epoch's start, once an epoch the package dealt is over: give the fit the epoch length
+    and loader limits Lightning had set (see :attr:`Resumed.lengths`)."""
+    internals.set_epoch_length(trainer, *lengths)
+
+
+def _global_batch_size(trainer: Any, loaders: list[Any]) -> int | None:
+    """Samples per optimizer step over every data-parallel rank; None where a loader's batch size is not known."""
+    batch_samplers = [getattr(loader, "batch_sampler", None) for loader in loaders]
+    sizes = [size for size in (getattr(each, "batch_size", None) for each in batch_samplers) if isinstance(size, int)]
+    if not sizes or len(sizes) != len(loaders):
+        return None
+    sampler = getattr(batch_samplers[0], "sampler", None)
+    sampler = sampler.sampler if isinstance(sampler, RestOfEpoch) else sampler
+    replicas = sampler.num_replicas if isinstance(sampler, DistributedSampler) else trainer.world_size
+    return int(replicas * sum(sizes) * trainer.accumulate_grad_batches)
