@@ -57,11 +57,13 @@ def test_node_drain_stops_every_pod_in_the_grace_period_and_the_relaunch_resumes
 
 
 @pytest.mark.extended
-def test_a_grace_period_shorter_than_the_save_loses_only_this_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["", "fsdp2"])
+def test_a_grace_period_shorter_than_the_save_loses_only_this_stop(tmp_path: Path, strategy: str) -> None:
     """The kubelet's SIGKILL comes while the stop checkpoint is being written (a 64 MiB checkpoint, a
-    grace period of 0.1 s): no file is named a checkpoint, and the relaunch starts afresh and finishes."""
+    grace period of 0.1 s; DDP's one file, or FSDP2's folder of shards): nothing is named a checkpoint, and the
+    relaunch starts afresh and finishes."""
     signals = drain(0.1)
-    big = replace(TRAINING, payload_mb=64)
+    big = replace(TRAINING, payload_mb=64, strategy=strategy)
     killed = pods(tmp_path / "job", signals, big)
     why = killed.describe()
     assert not killed.timed_out, why

@@ -73,7 +73,9 @@ def assert_unison_stop(result: JobResult, *, exit_code: int = SIGTERM_EXIT, chec
     ckpts = result.checkpoints()
     if checkpoint:
         assert len(ckpts) == 1, f"expected one hpc checkpoint, found {ckpts}\n{why}"
-        saved = torch.load(ckpts[0], map_location="cpu", weights_only=False)
+        # a sharded checkpoint (FSDP2's) is a folder: what is not tensors is its meta.pt
+        saved = torch.load(ckpts[0] / "meta.pt" if ckpts[0].is_dir() else ckpts[0], map_location="cpu",
+                           weights_only=False)
         assert saved["global_step"] == step, f"checkpoint holds step {saved['global_step']}, ranks stopped at {step}"
     else:
         assert ckpts == [], f"no checkpoint expected outside fit, found {ckpts}"

@@ -65,11 +65,14 @@ class Scenario:
     """What shuffles the training data: ``""``, the DistributedSampler Lightning puts in (it shuffles training data
     by epoch whatever the loader says); ``sampler``, a shuffling distributed sampler the loader is given
     (torchdata's StatefulDistributedSampler for a StatefulDataLoader, torch's DistributedSampler otherwise), which
-    Lightning leaves in place."""
+    Lightning leaves in place; ``loader``, the loader's own ``shuffle=True`` (a StatefulDataLoader's is torchdata's
+    RandomSampler, which Lightning wraps in its DistributedSamplerWrapper)."""
+    samples: int = 0
+    """Training samples; 0: ``batches`` batches of 4 per rank (so that many per rank at any world size)."""
     record_samples: bool = False
     """Each rank appends the dataset indices of every training batch to ``samples.rank<R>`` in the job's directory,
-    a line per step: ``<global step> <index> ...`` (the file is kept across jobs in one directory: a stop's and its
-    resume's lines follow each other)."""
+    a line per step: ``<global step> <epoch> <index> ...`` (the file is kept across jobs in one directory: a stop's
+    and its resume's lines follow each other)."""
     stepping_batches: bool = False
     """``configure_optimizers`` reads ``trainer.estimated_stepping_batches``, as a OneCycleLR schedule does: Lightning
     then sets the training data up before it restores a checkpoint (Lightning #20550)."""
@@ -113,7 +116,8 @@ class Scenario:
     """After a fit that returned, global rank 0 tests the model with a second, one-device Trainer in the same
     process, as Lightning's documentation advises after a multi-device fit."""
     strategy: str = ""
-    """The Trainer's strategy (``ddp_spawn``, ``ddp_notebook``, ...); empty: ``ddp`` with more than one rank."""
+    """The Trainer's strategy (``ddp_spawn``, ``ddp_notebook``, ...; ``fsdp2``: ModelParallelStrategy with FSDP2's
+    ``fully_shard``, whose stop checkpoint is a folder of shards); empty: ``ddp`` with more than one rank."""
     gloo_ifname: tuple[int, str] | None = None
     """``(rank, interface)``: once the training's process group is made, that rank makes its later gloo groups
     (the package's) on that network interface, which its peers cannot reach: a group of the package's own that
@@ -124,8 +128,8 @@ class Scenario:
             raise ValueError(f"unknown stage {self.stage!r}; known: {', '.join(STAGES)}")
         if self.train_loader not in ("plain", "stateful"):
             raise ValueError(f"unknown train_loader {self.train_loader!r}; known: plain, stateful")
-        if self.shuffle not in ("", "sampler"):
-            raise ValueError(f"unknown shuffle {self.shuffle!r}; known: '', sampler")
+        if self.shuffle not in ("", "sampler", "loader"):
+            raise ValueError(f"unknown shuffle {self.shuffle!r}; known: '', sampler, loader")
         unknown = set(self.loggers) - set(LOGGERS)
         if unknown:
             raise ValueError(f"unknown loggers {sorted(unknown)}; known: {', '.join(LOGGERS)}")

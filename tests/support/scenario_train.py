@@ -95,7 +95,7 @@ class Model(pl.LightningModule):
         x, y, index = batch
         if SCENARIO.record_samples:
             with open(os.path.join(OUT, f"samples.rank{self.global_rank}"), "a") as samples:
-                samples.write(f"{self.global_step} {' '.join(str(int(i)) for i in index)}\n")
+                samples.write(f"{self.global_step} {self.current_epoch} {' '.join(str(int(i)) for i in index)}\n")
         if SCENARIO.data_by_step:
             generator = torch.Generator().manual_seed(1000 * self.global_step + self.global_rank)
             x, y = torch.randn(x.shape, generator=generator), torch.randn(y.shape, generator=generator)
@@ -103,6 +103,16 @@ class Model(pl.LightningModule):
         if SCENARIO.loggers:
             self.log("train_loss", loss)
         return loss
+
+    def configure_model(self) -> None:
+        if SCENARIO.strategy == "fsdp2":  # every layer with weights, then the whole: FSDP2's usual way
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = self.device_mesh["data_parallel"]
+            for layer in self.net:
+                if any(True for _ in layer.parameters()):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
 
     def on_after_backward(self) -> None:
         injector.at("backward")
@@ -142,7 +152,7 @@ class Model(pl.LightningModule):
             from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
             kind, sampler = StatefulDataLoader, StatefulDistributedSampler
-        return self._loader(SCENARIO.batches, kind=kind,
+        return self._loader(SCENARIO.batches, kind=kind, samples=SCENARIO.samples, shuffle=SCENARIO.shuffle == "loader",
                             sampler=(lambda dataset: sampler(dataset, shuffle=True)) if SCENARIO.shuffle == "sampler"
                             else None)
 
@@ -151,12 +161,12 @@ class Model(pl.LightningModule):
 
     test_dataloader = predict_dataloader = val_dataloader
 
-    def _loader(self, batches: int, extra: int = 0, kind: type = DataLoader,
+    def _loader(self, batches: int, extra: int = 0, kind: type = DataLoader, samples: int = 0, shuffle: bool = False,
                 sampler: Callable[[Dataset], Sampler] | None = None) -> DataLoader:
         world = self.trainer.world_size
         workers = SCENARIO.num_workers
-        dataset = Numbers(batches * 4 * world + extra)
-        return kind(dataset, batch_size=4, num_workers=workers,
+        dataset = Numbers(samples or batches * 4 * world + extra)
+        return kind(dataset, batch_size=4, num_workers=workers, shuffle=shuffle,
                     sampler=None if sampler is None else sampler(dataset), persistent_workers=workers > 0)
 
 
@@ -253,11 +263,25 @@ def lock(path: str) -> None:
 injector = Injector()
 
 
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's weights: under FSDP2, its own shards (no collective: a rank may be on its way out alone)."""
+    return {name: (tensor.to_local() if hasattr(tensor, "to_local") else tensor).detach().cpu()
+            for name, tensor in model.state_dict().items()}
+
+
 def weights_digest(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        digest.update(tensor.detach().cpu().numpy().tobytes())
+    for tensor in weights(model).values():
+        digest.update(tensor.numpy().tobytes())
     return digest.hexdigest()
+
+
+def strategy():
+    """The scenario's strategy: ``fsdp2`` is ModelParallelStrategy with FSDP2 alone (every rank one data-parallel
+    rank), which shards the model in ``configure_model``."""
+    if SCENARIO.strategy == "fsdp2":
+        return pl.strategies.ModelParallelStrategy(data_parallel_size=JOB.world_size, tensor_parallel_size=1)
+    return SCENARIO.strategy or ("ddp" if JOB.world_size > 1 else "auto")
 
 
 def threads_left(before: set[int]) -> list[str]:
@@ -288,7 +312,7 @@ def main() -> None:
         accelerator="cpu",
         devices=JOB.devices,
         num_nodes=JOB.num_nodes,
-        strategy=SCENARIO.strategy or ("ddp" if JOB.world_size > 1 else "auto"),
+        strategy=strategy(),
         max_steps=-1 if SCENARIO.max_epochs else SCENARIO.max_steps,
         max_epochs=SCENARIO.max_epochs or None,
         limit_val_batches=None if SCENARIO.uneven else SCENARIO.val_batches,
@@ -350,7 +374,7 @@ def main() -> None:
         with open(os.path.join(OUT, f"outcome.rank{trainer.global_rank}.json"), "w") as f:
             json.dump(outcome, f)
         if SCENARIO.keep_weights:
-            torch.save(model.state_dict(), os.path.join(OUT, f"weights.rank{trainer.global_rank}.pt"))
+            torch.save(weights(model), os.path.join(OUT, f"weights.rank{trainer.global_rank}.pt"))
 
 
 if __name__ == "__main__":
