@@ -315,12 +315,14 @@ def set_epoch_length(trainer: Any, batches: int | float, limits: list[int | floa
     return before
 
 
+def is_sampler_wrapper(cls: type) -> bool:
+    """Whether ``cls`` is Lightning's DistributedSamplerWrapper (either distribution's)."""
+    return cls.__name__ == SAMPLER_WRAPPER and cls.__module__.startswith(_LIGHTNING_PACKAGES)
+
+
 def wrapped_sampler(sampler: Any) -> Any | None:
     """The sampler that Lightning's DistributedSamplerWrapper ``sampler`` wraps; None for any other sampler."""
-    for cls in type(sampler).__mro__:
-        if cls.__name__ == SAMPLER_WRAPPER and cls.__module__.startswith(_LIGHTNING_PACKAGES):
-            return sampler.dataset._sampler
-    return None
+    return sampler.dataset._sampler if any(is_sampler_wrapper(cls) for cls in type(sampler).__mro__) else None
 
 
 def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> bool:

@@ -25,11 +25,12 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_sigterm._core.epoch_order import EpochPosition, RestOfEpoch, StatefulRestOfEpoch, global_order
+from ddp_sigterm._core.log import logger
 from ddp_sigterm._lightning import internals
 
 KEY = "data_position"
 """Its entry in the stop checkpoint's own (``stop_checkpoints.KEY``): ``{"world_size": W, "batch_size": <global>,
-"loaders": [...]}``, per training loader None where its place cannot be recorded, else ``{"position":
+"loaders": [...]}``, per training loader ``{"why": <why its place is not recorded>}``, or ``{"position":
 <EpochPosition.as_dict()>, "samples": <its dataset's length>, "own_order": <whether its own sampler deals the epoch's
 order again on as many ranks>, "generator": <the wrapped sampler's generator state, or None>}``."""
 
@@ -47,23 +48,37 @@ class Resumed:
 
 
 def record(trainer: Any) -> dict[str, Any]:
-    """What the stop checkpoint records of the training data's place (every rank's the same at an agreed stop)."""
+    """What the stop checkpoint records of the training data's place (every rank's the same at an agreed stop). A
+    place that cannot be recorded is recorded as why not, so that a resume on other ranks can say it; an error in
+    recording it is one such (logged here): the stop save goes on."""
     loaders = internals.training_loaders(trainer)
-    entries = [_entry(trainer, loader) if len(loaders) == 1 else None for loader in loaders]
+    entries = []
+    for loader in loaders:
+        try:
+            entry = _entry(trainer, loader) if len(loaders) == 1 else {"why": f"one of {len(loaders)} loaders"}
+        except Exception as error:  # the stop checkpoint matters more than the data's place in it
+            logger.warning("ddp_sigterm: the training loader's place in its epoch could not be recorded: %s: %s",
+                           type(error).__name__, error, exc_info=error)
+            entry = {"why": f"recording it at the stop failed: {type(error).__name__}: {error}"}
+        entries.append(entry)
     return {"world_size": trainer.world_size, "batch_size": _global_batch_size(trainer, loaders), "loaders": entries}
 
 
-def _entry(trainer: Any, loader: Any) -> dict[str, Any] | None:
+def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
     batch_sampler = getattr(loader, "batch_sampler", None)
     sampler, batch_size = getattr(batch_sampler, "sampler", None), getattr(batch_sampler, "batch_size", None)
-    if not internals.has_position(loader) or not isinstance(batch_size, int):
-        return None
+    if not internals.has_position(loader):
+        return {"why": f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"}
+    if not isinstance(batch_size, int):
+        return {"why": "its batch sampler has no batch size"}
     consumed = internals.batches_this_epoch(trainer) * batch_size
     dealing = sampler if isinstance(sampler, RestOfEpoch) else None
     if dealing is not None:  # a stop again, in the rest of an epoch the package deals
         sampler = dealing.sampler
     if not isinstance(sampler, DistributedSampler):
-        return None
+        return {"why": f"its sampler, {type(sampler).__name__}, is not distributed"}
+    if not _deals_its_global_order(sampler):
+        return {"why": f"its sampler, {type(sampler).__name__}, deals an order of its own"}
     wrapped = internals.wrapped_sampler(sampler)
     if dealing is not None:
         position = dealing.now(sampler.num_replicas, batch_size, consumed)
@@ -75,6 +90,16 @@ def _entry(trainer: Any, loader: Any) -> dict[str, Any] | None:
     return {"position": position.as_dict(), "samples": len(loader.dataset),
             "own_order": wrapped is None and dealing is None,
             "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
+
+
+def _deals_its_global_order(sampler: DistributedSampler[Any]) -> bool:
+    """Whether ``sampler`` deals out torch's DistributedSampler order (see :func:`global_order`): its iteration is
+    torch's, torchdata's StatefulDistributedSampler's (torch's, from where its position says), or Lightning's
+    wrapper's (torch's, of places of the order it wrapped). A subclass with an iteration of its own (a bucketing
+    sampler, say) deals an order the package cannot know."""
+    owner = next(cls for cls in type(sampler).__mro__ if "__iter__" in vars(cls))
+    return owner is DistributedSampler or owner.__module__.startswith("torchdata.stateful_dataloader") or \
+        internals.is_sampler_wrapper(owner)
 
 
 def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
@@ -93,9 +118,10 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
                             f"batch size was {recorded['batch_size']}, it is {_global_batch_size(trainer, loaders)}")
     for loader, entry in zip(loaders, entries):
         sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-        if entry is None and before == now:
+        known = entry is not None and "position" in entry
+        if before == now and not known:
             continue  # as stock Lightning resumes it
-        if entry is not None and entry["own_order"] and isinstance(sampler, DistributedSampler) \
+        if known and entry["own_order"] and isinstance(sampler, DistributedSampler) \
                 and sampler.num_replicas == entry["position"]["world_size"]:
             continue  # the loader's own position gives the rest of the epoch back
         why = _why_not(loader, entry) or _deal_the_rest(trainer, loader, entry, resumed)
@@ -114,7 +140,9 @@ def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
     if not internals.has_position(loader):
         return f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"
     if entry is None:
-        return "the stop recorded no place for it: it was not the one training loader, over a distributed sampler"
+        return "the stop recorded no place for it"
+    if "position" not in entry:
+        return str(entry["why"])
     if not isinstance(sampler, DistributedSampler):
         return f"its sampler, {type(sampler).__name__}, is not distributed"
     if internals.has_position(sampler) and "yielded" not in sampler.state_dict():  # type: ignore[attr-defined]

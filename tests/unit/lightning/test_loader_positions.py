@@ -1,0 +1,34 @@
+"""What the stop records of the training data's place (ddp_sigterm._lightning.loader_positions), without processes:
+which samplers' order the package can know. The stop and resume themselves are tests/test_data_position.py's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from torch.utils.data import DistributedSampler
+from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistributedSampler
+
+from ddp_sigterm._lightning import loader_positions
+
+
+class Bucketing(DistributedSampler):
+    """A sampler of the user's that deals an order of its own."""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(super().__iter__()))
+
+
+class Plain(DistributedSampler):
+    """A subclass that keeps torch's order."""
+
+
+@pytest.mark.parametrize(("sampler", "known"), [
+    (DistributedSampler(range(8), num_replicas=2, rank=0), True),
+    (Plain(range(8), num_replicas=2, rank=0), True),
+    (StatefulDistributedSampler(range(8), num_replicas=2, rank=0), True),
+    (DistributedSamplerWrapper(RandomSampler(range(8)), num_replicas=2, rank=0), True),
+    (Bucketing(range(8), num_replicas=2, rank=0), False)], ids=lambda value: type(value).__name__)
+def test_the_order_is_known_where_the_sampler_deals_torchs(sampler: DistributedSampler, known: bool) -> None:
+    assert loader_positions._deals_its_global_order(sampler) is known
