@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,46 @@ def example_job(out: Path, cluster: nodes.Nodes, example: str, root: Path, signa
     return result
 
 
+# -- torchrun, elastic: --nnodes=1:2 ---------------------------------------------------------------------------
+# 240 samples shuffled by the loader, batches of 4: 15 batches per rank and epoch on 4 ranks, 30 on 2
+ELASTIC = Scenario(train_loader="stateful", shuffle="loader", record_samples=True, samples=240, max_epochs=3,
+                   step_sleep=0.01, elastic=True)
+
+
+def test_torchrun_elastic_resumes_on_the_node_left_each_sample_once(cluster: nodes.Nodes, tmp_path: Path) -> None:
+    """``torchrun --nnodes=1:2 --max-restarts=1`` on both nodes (2 ranks each); node 2 is drained inside the second
+    epoch (SIGTERM to every process of it, as a spot reclaim): the four ranks stop at one step, node 2's torchrun
+    exits, node 1's restarts its workers, the rendezvous closes with node 1 alone, and the attempt resumes
+    (``DDP_SIGTERM_RESUME=1``) on its 2 ranks: rank 0 says so, the rest of the stopped epoch comes each sample once
+    (but for the padding it names), the next epoch every sample once, and torchrun exits 0."""
+    scenario = replace(ELASTIC, root_dir=str(tmp_path))
+    drain = OutsideSignal(rank=0, batch=20, targets="node:1")
+    result = nodes.job(tmp_path / "job", cluster, "torchrun", DEVICES, scenario, outside=drain, nnodes="1:2",
+                       torchrun_args=("--max-restarts=1", "--rdzv-conf=last_call_timeout=1"),
+                       env={**RESUME, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    why = result.describe()
+    assert not result.timed_out, why
+    assert drain.sent_at is not None, why
+    assert result.returncodes["node0"] == 0, why
+    assert result.returncodes["node1"] != 0, why
+    assert [path.name for path in tmp_path.glob("hpc_ckpt_*.ckpt")] == ["hpc_ckpt_1.ckpt"], why
+    resumed = {rank: o for rank, o in result.outcomes.items() if o["attempt"] == 1}
+    assert sorted(resumed) == [0, 1], why
+    assert {o["world_size"] for o in resumed.values()} == {DEVICES}, why
+    assert {o["exit_code"] for o in resumed.values()} == {0}, why
+    said = result.log("node0")
+    assert said.count(f"the job resumed on {DEVICES} ranks where it stopped on {WORLD}") == 1, why
+    (padding,) = re.findall(r"is dealt out over the 2 data-parallel ranks, each sample once \((\d+) places", said)
+    counts: dict[int, Counter[int]] = {}
+    for rank in range(WORLD):
+        for line in (result.out / f"samples.rank{rank}").read_text().splitlines():
+            _, epoch, *indices = map(int, line.split())
+            counts.setdefault(epoch, Counter()).update(indices)
+    assert set(counts[1]) == set(range(scenario.samples)), f"samples never trained in the stopped epoch\n{why}"
+    assert sum(counts[1].values()) - scenario.samples == int(padding), f"samples trained twice\n{why}"
+    assert counts[2] == Counter(range(scenario.samples)), why
+
+
 # -- SLURM on two nodes ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def slurm(cluster: nodes.Nodes, tmp_path_factory: pytest.TempPathFactory) -> slurm_cluster.Cluster:
@@ -215,7 +256,7 @@ def slurm(cluster: nodes.Nodes, tmp_path_factory: pytest.TempPathFactory) -> slu
 
 
 def test_slurm_preempts_both_nodes_requeues_and_resumes(slurm: slurm_cluster.Cluster, tmp_path: Path) -> None:
-    """``sbatch --nodes=2 --ntasks-per-node=2`` (examples/slurm/trainer.sbatch, ``Trainer(num_nodes=2)``) in the
+    """``sbatch --nodes=2 --ntasks-per-node=2`` (examples/slurm/trainer.sbatch: ``Trainer(num_nodes=2)``) in the
     preemptible partition; a job of the high partition needs one of its CPUs. SLURM sends SIGTERM to every task on
     both nodes with GraceTime to go: the four ranks stop at one step, save, global rank 0 requeues the job, every
     task exits 143 well within GraceTime. Started again, it resumes on both nodes and finishes with max_steps."""
@@ -223,8 +264,7 @@ def test_slurm_preempts_both_nodes_requeues_and_resumes(slurm: slurm_cluster.Clu
     root = tmp_path / "checkpoints"
     env = {**slurm.env, "PYTHON": sys.executable, "ROOT": str(root), "PYTHONUNBUFFERED": "1", "MASTER_PORT": PORT}
     sbatch = [f"--chdir={HERE.parent}", "--partition=low", f"--nodes={NODES}", f"--ntasks-per-node={DEVICES}",
-              str(EXAMPLES / "slurm" / "trainer.sbatch"), "--num-nodes", str(NODES), "--max-steps", str(max_steps),
-              "--step-seconds", "0.05"]
+              str(EXAMPLES / "slurm" / "trainer.sbatch"), "--max-steps", str(max_steps), "--step-seconds", "0.05"]
     job = slurm_cluster.Job(slurm, tmp_path, sbatch, env, ranks=WORLD)
     job.wait_for_step(20)
     high = slurm.run("sbatch", "--parsable", "--partition=high", "--ntasks=1", f"--output={tmp_path}/high-%j.out",
@@ -251,6 +291,46 @@ def test_slurm_preempts_both_nodes_requeues_and_resumes(slurm: slurm_cluster.Clu
         assert log.count(f"launch task StepId={job.id}.0 request") == 2, f"{node}: {log}"
     print(f"two-node SLURM job {job.id}: stopped at step {step}, requeued {requeued_in:.1f} s after the high job's "
           f"sbatch (GraceTime={slurm_cluster.GRACE_TIME}), then finished at step {max_steps}")
+
+
+def test_slurm_requeues_a_job_that_resumes_on_one_node_of_two(slurm: slurm_cluster.Cluster, tmp_path: Path) -> None:
+    """``sbatch --nodes=1-2 --ntasks-per-node=2`` (examples/slurm/trainer.sbatch passes the nodes the run got): it
+    runs on both nodes; SLURM's requeue signal (``scancel --signal=USR1``, what ``--signal`` sends before the time
+    limit) reaches every task, the four ranks stop at one step and global rank 0 requeues the job. Node 2 is drained
+    meanwhile; SLURM 22.05 keeps the requeued job's 4 tasks, so the job is told 2 (``scontrol update``, as an
+    operator would, docs/slurm.md): the requeued run gets node 1 alone, resumes there on 2 ranks, says so once, and
+    finishes."""
+    max_steps = 300
+    root = tmp_path / "checkpoints"
+    env = {**slurm.env, "PYTHON": sys.executable, "ROOT": str(root), "PYTHONUNBUFFERED": "1", "MASTER_PORT": PORT}
+    sbatch = [f"--chdir={HERE.parent}", "--partition=low", "--nodes=1-2", f"--ntasks-per-node={DEVICES}",
+              str(EXAMPLES / "slurm" / "trainer.sbatch"), "--max-steps", str(max_steps), "--step-seconds", "0.02"]
+    job = slurm_cluster.Job(slurm, tmp_path, sbatch, env, ranks=WORLD)
+    second_node = slurm.node.split(",")[1]
+    try:
+        job.wait_for_step(20)
+        slurm.run("scancel", "--signal=USR1", job.id)
+        job.wait_requeued(timeout=60)
+        slurm.run("scontrol", "update", f"NodeName={second_node}", "State=DRAIN", "Reason=elastic-test")
+        # SLURM (22.05) keeps the task count of the requeued job's run (4): let it start on the node left
+        slurm.run("scontrol", "update", f"JobId={job.id}", "NumNodes=1-2", f"NumTasks={DEVICES}")
+        first = job.text()
+        stops = per_rank(r"stopped at step (\d+)", first)
+        assert sorted(stops) == list(range(WORLD)), job.describe()
+        (step,) = set(stops.values())
+        job.start_now()
+        fields = job.wait_ended()
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={second_node}", "State=RESUME", check=False)
+    assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), job.describe()
+    second = job.text()[len(first):]
+    assert per_rank(r"pid \d+, starting at step (\d+)", second) == dict.fromkeys(range(DEVICES), step), \
+        job.describe()
+    assert per_rank(r"finished at step (\d+)", second) == dict.fromkeys(range(DEVICES), max_steps), job.describe()
+    assert second.count(f"the job resumed on {DEVICES} ranks where it stopped on {WORLD}") == 1, job.describe()
+    assert "is dealt out over the 2 data-parallel ranks" in second, job.describe()
+    print(f"SLURM job {job.id} (--nodes=1-2): stopped at step {step} on {WORLD} ranks, requeued, resumed on "
+          f"{DEVICES} ranks of one node, finished at step {max_steps}")
 
 
 # -- Gloo's pitfalls -------------------------------------------------------------------------------------------

@@ -72,10 +72,10 @@ class Nodes:
                 f'mount --bind /etc/netns/{name}/hosts /etc/hosts && exec "$@"', "sh", *argv]
 
     def torchrun(self, node: int, per_node: int, args: list[str], python: str = sys.executable,
-                 port: str = PORT) -> list[str]:
+                 port: str = PORT, nnodes: str | None = None) -> list[str]:
         """The argv that runs torchrun on ``node`` for a job of ``per_node`` ranks on every node (c10d
-        rendezvous on node 0)."""
-        return self.run(node, [python, "-m", "torch.distributed.run", f"--nnodes={self.count}",
+        rendezvous on node 0); ``nnodes``: torchrun's ``--nnodes`` (``MIN:MAX``), default every node."""
+        return self.run(node, [python, "-m", "torch.distributed.run", f"--nnodes={nnodes or self.count}",
                                f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
                                f"--rdzv-endpoint={self.address(0)}:{port}", "--rdzv-id=job",
                                # the address the other nodes reach this one at: torchrun's default is its host
@@ -163,13 +163,15 @@ def available() -> str | None:
 def job(out: Path, cluster: Nodes, launcher: str, devices: int, scenario: Scenario | None = None,
         env: dict[str, str] | None = None, outside: OutsideSignal | None = None, timeout: float = 180.0,
         python: str = sys.executable, implementation: str = "package", script: Path = SCRIPT,
-        port: str = PORT, node_env: dict[int, dict[str, str]] | None = None) -> JobResult:
+        port: str = PORT, node_env: dict[int, dict[str, str]] | None = None,
+        torchrun_args: tuple[str, ...] = (), nnodes: str | None = None) -> JobResult:
     """A scenario job (tests/support/scenario_train.py running ``scenario``) of ``devices`` ranks on each node, node N's
     processes in its namespace, labelled ``nodeN`` (``nodeN.rankR`` when each rank is a process of its own):
     ``torchrun`` (multi-node, c10d rendezvous on node 0), ``independent`` (one process per rank with MASTER_ADDR,
     as srun starts them) or ``lightning`` (one process per node; Lightning's launcher starts the node's other
     ranks). ``implementation``: the fix ``python`` has (see scenario.Job). ``node_env``: node N's own variables,
-    over ``env``."""
+    over ``env``. ``torchrun_args`` and ``nnodes``: torchrun's own options (``--max-restarts``;
+    ``--nnodes=MIN:MAX``)."""
     world = cluster.count * devices
     common = job_environment(Job(scenario or Scenario(), str(out), devices=devices, num_nodes=cluster.count,
                                  implementation=implementation), env)
@@ -178,7 +180,8 @@ def job(out: Path, cluster: Nodes, launcher: str, devices: int, scenario: Scenar
     for node in range(cluster.count):
         base = {**common, **(node_env or {}).get(node, {})}
         if launcher == "torchrun":
-            commands[f"node{node}"] = (cluster.torchrun(node, devices, [str(script)], python, port), base)
+            commands[f"node{node}"] = (cluster.torchrun(node, devices, [*torchrun_args, str(script)], python, port,
+                                                        nnodes), base)
         elif launcher == "lightning":
             commands[f"node{node}"] = (cluster.run(node, [python, str(script)]),
                                        {**base, **master, "NODE_RANK": str(node)})

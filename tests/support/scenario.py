@@ -118,6 +118,9 @@ class Scenario:
     strategy: str = ""
     """The Trainer's strategy (``ddp_spawn``, ``ddp_notebook``, ...; ``fsdp2``: ModelParallelStrategy with FSDP2's
     ``fully_shard``, whose stop checkpoint is a folder of shards); empty: ``ddp`` with more than one rank."""
+    elastic: bool = False
+    """The Trainer's ``num_nodes`` is what torchrun's ``WORLD_SIZE`` says this attempt has (``--nnodes=MIN:MAX``: as
+    many nodes as joined the rendezvous), as an elastic script must set it; else the launch's."""
     gloo_ifname: tuple[int, str] | None = None
     """``(rank, interface)``: once the training's process group is made, that rank makes its later gloo groups
     (the package's) on that network interface, which its peers cannot reach: a group of the package's own that

@@ -311,7 +311,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=JOB.devices,
-        num_nodes=JOB.num_nodes,
+        num_nodes=int(os.environ["WORLD_SIZE"]) // JOB.devices if SCENARIO.elastic else JOB.num_nodes,
         strategy=strategy(),
         max_steps=-1 if SCENARIO.max_epochs else SCENARIO.max_steps,
         max_epochs=SCENARIO.max_epochs or None,
