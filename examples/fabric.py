@@ -5,9 +5,10 @@
                                                       # exit 143
     python examples/fabric.py --root runs/fabric      # resumes from that step, finishes, exit 0
 
-The checkpoint holds the data position too: torchdata's ``StatefulDataLoader`` (``pip install torchdata``) is in
-``state``, which ``fabric.save`` and ``fabric.load`` handle as any object with ``state_dict``, so the resumed run
-trains on the batch after the stop, in the epoch's order, and ends with an uninterrupted run's weights.
+The checkpoint holds the data position too: ``DataPosition`` keeps the place in its epoch of torchdata's
+``StatefulDataLoader`` (``pip install torchdata``), so the resumed run trains on the batch after the stop, in the
+epoch's order, and ends with an uninterrupted run's weights; resumed on another number of ranks, it trains the rest
+of the epoch, each sample once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ddp_sigterm.fabric import save_at_stop, unison_stop
+from ddp_sigterm import DataPosition
+from ddp_sigterm.fabric import load, save_at_stop, unison_stop
 
 
 def newest_checkpoint(root: str) -> str | None:
@@ -61,11 +63,11 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer = fabric.setup(model, optimizer)
     # Fabric's DistributedSampler would not be in the state: the loader gets its own, not set up by Fabric
-    data = loader(fabric.global_rank, fabric.world_size)
-    state = {"model": model, "optimizer": optimizer, "step": 0, "epoch": 0, "loader": data}
+    data = DataPosition(loader(fabric.global_rank, fabric.world_size))  # the loader's place in its epoch
+    state = {"model": model, "optimizer": optimizer, "step": 0, "epoch": 0, "data": data}
     os.makedirs(args.root, exist_ok=True)
     if (path := newest_checkpoint(args.root)) is not None:
-        fabric.load(path, state)  # the loader's position too: its next iterator goes on from there
+        load(fabric, path, state)  # fabric.load, and the data's place given back (with a sharded strategy too)
     stop = unison_stop(fabric)  # every rank, same point: stop signals are recorded from here on
     rank, start = fabric.global_rank, state["step"]
     print(f"[rank {rank}] pid {os.getpid()}, starting at step {start}", flush=True)
@@ -80,8 +82,7 @@ def main() -> None:
     step = start
     try:
         while step < args.max_steps:
-            data.sampler.set_epoch(state["epoch"])  # before the iterator is made: it draws the epoch's order
-            for x, y in data:
+            for x, y in data.epoch(state["epoch"]):  # the sampler told the epoch; after a resume, the rest of it
                 time.sleep(args.step_seconds)  # stands in for real work
                 x, y = fabric.to_device((x, y))
                 loss = torch.nn.functional.mse_loss(model(x), y)

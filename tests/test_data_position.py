@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from ddp_sigterm_tests.harness import JobResult
-from ddp_sigterm_tests.helpers import assert_finished, assert_unison_stop, fit
+from ddp_sigterm_tests.harness import HERE, JobResult, run_job
+from ddp_sigterm_tests.helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished, assert_unison_stop, fit
 from ddp_sigterm_tests.scenario import Scenario
 from torch.utils.data import DistributedSampler
 
@@ -194,3 +194,69 @@ def test_a_plain_loader_stop_says_once_that_the_position_is_not_saved(tmp_path: 
     after_stop = samples(resumed)[0][step].split()
     assert after_stop[0] == str(step), after_stop
     assert after_stop[1:] == epoch_start, "the resumed run did not start the epoch over"
+
+
+# -- Fabric: docs/fabric.md's loop (tests/support/fabric_loop.py), the data's place kept by DataPosition ------------
+FABRIC = replace(ELASTIC, shuffle="", train_loader="stateful", keep_weights=True)
+
+
+def fabric_job(out: Path, scenario: Scenario, world_size: int, env: dict[str, str] | None = None) -> JobResult:
+    return run_job(out, scenario, mode="independent", world_size=world_size, timeout=MUST_FINISH, env=env,
+                   script=HERE / "fabric_loop.py")
+
+
+def assert_fabric_stopped(result: JobResult, world_size: int) -> int:
+    """Every rank of the Fabric loop stopped at one step with 143, and one checkpoint holds it; returns the step."""
+    why = result.describe()
+    assert not result.timed_out, why
+    assert set(result.returncodes.values()) == {SIGTERM_EXIT}, why
+    assert sorted(result.outcomes) == list(range(world_size)), why
+    (step,) = {o["stopped_at"] for o in result.outcomes.values()}
+    assert [path.name for path in result.out.glob("step-*.ckpt")] == [f"step-{step}.ckpt"], why
+    return step
+
+
+@pytest.mark.extended
+def test_a_fabric_loop_with_fsdp2_resumes_exactly_on_the_same_ranks(tmp_path: Path) -> None:
+    """Fabric's ModelParallelStrategy with FSDP2, a StatefulDataLoader with 2 workers over a shuffling
+    DistributedSampler, its place kept by DataPosition and given back by ``ddp_sigterm.fabric.load`` (Fabric's
+    own load of a sharded checkpoint puts the saved state in the object's place): stopped inside the second epoch
+    (a folder of shards), resumed on the same 2 ranks, each rank trains an uninterrupted run's batches and ends with
+    its shards of its weights."""
+    scenario = replace(FABRIC, strategy="fsdp2", num_workers=2)
+    straight = fabric_job(tmp_path / "straight", scenario, 2)
+    assert set(straight.returncodes.values()) == {0}, straight.describe()
+    stopped = fabric_job(tmp_path / "run", replace(scenario, inject="1:35:forward"), 2, env=ENV)
+    step = assert_fabric_stopped(stopped, 2)
+    assert 30 < step < 60, stopped.describe()
+    assert (tmp_path / "run" / f"step-{step}.ckpt").is_dir(), "FSDP2's stop checkpoint is a folder of shards"
+    resumed = fabric_job(tmp_path / "run", replace(scenario, resume=True), 2)
+    assert set(resumed.returncodes.values()) == {0}, resumed.describe()
+    assert samples(resumed) == samples(straight), resumed.describe()
+    for rank in (0, 1):
+        torch.testing.assert_close(weights(resumed, rank), weights(straight, rank), rtol=0, atol=0)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(("before", "after", "num_workers", "strategy", "loader"), [
+    (3, 2, 2, "fsdp2", "stateful"), (2, 3, 0, "", "plain")])
+def test_a_fabric_loop_resumed_on_other_ranks_trains_the_rest_of_the_epoch_once(
+        tmp_path: Path, before: int, after: int, num_workers: int, strategy: str, loader: str) -> None:
+    """The same loop, stopped on ``before`` ranks and resumed on ``after`` (FSDP2's shards redistributed; a plain
+    DataLoader too: DataPosition keeps the place itself): every sample of the stopped epoch once, but for the
+    padding rank 0 names, the next epoch every sample once, exit 0."""
+    scenario = replace(FABRIC, strategy=strategy, num_workers=num_workers, train_loader=loader)
+    per_rank = scenario.samples // before // 4
+    stopped = fabric_job(tmp_path, replace(scenario, inject=f"1:{per_rank + 5}:forward"), before, env=ENV)
+    step = assert_fabric_stopped(stopped, before)
+    resumed = fabric_job(tmp_path, replace(scenario, resume=True), after)
+    why = resumed.describe()
+    assert set(resumed.returncodes.values()) == {0}, why
+    said = resumed.log("rank0")
+    assert f"the job resumed on {after} data-parallel ranks where it stopped on {before}" in said, why
+    ((left, over, padding),) = DEALT.findall(said)
+    counts = trained(resumed, max(before, after))
+    assert set(counts[1]) == set(range(scenario.samples)), f"samples never trained in the stopped epoch\n{why}"
+    assert sum(counts[1].values()) - scenario.samples == int(padding), f"samples trained twice\n{why}"
+    assert int(left) == scenario.samples - before * 4 * (step - per_rank), why
+    assert counts[2] == Counter(range(scenario.samples)), why

@@ -1,8 +1,8 @@
 """ddp_sigterm: every DDP rank stops at the same step on SIGTERM, saves one checkpoint, exits 128+signal.
 
-The public API. The core (:class:`StopCoordinator`, :class:`Settings`, :func:`save_in_unison`) needs
-torch only; importing it registers no hook and starts nothing (starting a coordinator does). The
-Lightning integrations need ``pip install ddp_sigterm[lightning]`` (or ``[pytorch-lightning]``):
+The public API. The core (:class:`StopCoordinator`, :class:`Settings`, :func:`save_in_unison`,
+:class:`DataPosition`) needs torch only; importing it registers no hook and starts nothing (starting a coordinator
+does). The Lightning integrations need ``pip install ddp_sigterm[lightning]`` (or ``[pytorch-lightning]``):
 :class:`UnisonStop`, the Trainer callback for ``lightning.pytorch``, is imported on first use so that
 ``import ddp_sigterm`` does not import Lightning; ``ddp_sigterm.pytorch_lightning_integration.UnisonStop``
 is the one for the standalone ``pytorch_lightning``; :mod:`ddp_sigterm.fabric` serves Fabric loops and
@@ -20,14 +20,15 @@ from typing import Any
 
 from ddp_sigterm._core.agreement import AgreementError
 from ddp_sigterm._core.coordinator import StopCoordinator
+from ddp_sigterm._core.data_position import DataPosition
 from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.settings import Settings, SettingsError
 from ddp_sigterm._core.stop_save import StopError, save_in_unison
 from ddp_sigterm._lightning import settings as _trainer_settings  # noqa: F401  # its DDP_SIGTERM_* are known
 
 __version__ = "0.1.0"
-__all__ = ["AgreementError", "Settings", "SettingsError", "StopCoordinator", "StopDecision", "StopError", "UnisonStop",
-           "__version__", "save_in_unison"]
+__all__ = ["AgreementError", "DataPosition", "Settings", "SettingsError", "StopCoordinator", "StopDecision",
+           "StopError", "UnisonStop", "__version__", "save_in_unison"]
 
 
 def __getattr__(name: str) -> Any:

@@ -29,6 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch.nn import Module
+from torch.optim import Optimizer
+
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.settings import Settings
 from ddp_sigterm._core.stop_save import save_in_unison
@@ -77,6 +80,22 @@ def save_at_stop(fabric: Any, path: str, state: dict[str, Any]) -> str | None:
     own save (2.6.6) reports as success. Returns ``path`` on rank 0, None elsewhere."""
     return save_in_unison(unison_stop(fabric), lambda partial: fabric.save(partial, state), path,
                           writer=fabric.is_global_zero)
+
+
+def load(fabric: Any, path: str, state: dict[str, Any]) -> dict[str, Any]:
+    """``fabric.load(path, state)``, and every object of ``state`` that has ``load_state_dict`` (a
+    :class:`ddp_sigterm.DataPosition`, a ``StatefulDataLoader``, not the model and optimizers) given its saved state:
+    Fabric's load of a sharded checkpoint (``ModelParallelStrategy``, ``FSDPStrategy``: Lightning 2.6.6, and master
+    in July 2026) puts the saved state in its place instead, so the loop's own object would start afresh. Returns
+    what ``fabric.load`` returns: the checkpoint's entries that ``state`` does not name."""
+    stateful = {key: value for key, value in state.items() if not isinstance(value, (Module, Optimizer))
+                and callable(getattr(value, "load_state_dict", None)) and callable(getattr(value, "state_dict", None))}
+    rest: dict[str, Any] = fabric.load(path, state)
+    for key, value in stateful.items():
+        if state.get(key) is not value and isinstance(state.get(key), dict):  # replaced by its saved state
+            value.load_state_dict(state[key])
+            state[key] = value
+    return rest
 
 
 def callbacks_factory() -> list[Any]:

@@ -87,6 +87,71 @@ def global_order(sampler: DistributedSampler[Any], place: Callable[[int], int] |
     return places if place is None else [place(index) for index in places]
 
 
+def deals_global_order(sampler: DistributedSampler[Any], known: Callable[[type], bool] | None = None) -> bool:
+    """Whether ``sampler`` deals out torch's DistributedSampler order (see :func:`global_order`): its iteration is
+    torch's, torchdata's StatefulDistributedSampler's (torch's, from where its position says), or one that
+    ``known(cls)`` vouches for (Lightning's wrapper: torch's, of places of the order it wrapped). A subclass with an
+    iteration of its own (a bucketing sampler, say) deals an order the package cannot know."""
+    owner = next(cls for cls in type(sampler).__mro__ if "__iter__" in vars(cls))
+    return owner is DistributedSampler or owner.__module__.startswith("torchdata.stateful_dataloader") or \
+        (known is not None and known(owner))
+
+
+def record(batch_sampler: Any, consumed: int, place: Callable[[int], int] | None = None,
+           known: Callable[[type], bool] | None = None) -> dict[str, Any]:
+    """What a stop records of the place in its epoch of a loader whose batch sampler is ``batch_sampler``, each rank
+    having trained ``consumed`` samples of the epoch: ``{"position": <EpochPosition.as_dict()>, "own_order":
+    <whether the loader's own sampler deals the same order again on as many ranks>}``, or ``{"why": <why not>}``.
+    ``place`` and ``known``: see :func:`global_order` and :func:`deals_global_order`."""
+    sampler = getattr(batch_sampler, "sampler", None)
+    batch_size = getattr(batch_sampler, "batch_size", None)
+    dealing = sampler if isinstance(sampler, RestOfEpoch) else None
+    if dealing is not None:  # a stop again, in the rest of an epoch dealt here
+        sampler = dealing.sampler
+    if not isinstance(batch_size, int):
+        return {"why": "its batch sampler has no batch size"}
+    if not isinstance(sampler, DistributedSampler):
+        return {"why": f"its sampler, {type(sampler).__name__}, is not distributed"}
+    if not deals_global_order(sampler, known):
+        return {"why": f"its sampler, {type(sampler).__name__}, deals an order of its own"}
+    if dealing is not None:
+        position = dealing.now(sampler.num_replicas, batch_size, consumed)
+    else:
+        order = global_order(sampler, place)
+        position = EpochPosition(sampler.epoch, sampler.num_replicas, batch_size, consumed,
+                                 min(sampler.num_replicas * consumed, len(order)), order)
+    return {"position": position.as_dict(), "own_order": place is None and dealing is None}
+
+
+def own_sampler(batch_sampler: Any) -> Any:
+    """The sampler of ``batch_sampler``, under a :class:`RestOfEpoch` that stands in for it."""
+    sampler = getattr(batch_sampler, "sampler", None)
+    return sampler.sampler if isinstance(sampler, RestOfEpoch) else sampler
+
+
+def deal(batch_sampler: Any, position: EpochPosition, skipped: int) -> RestOfEpoch:
+    """Have ``batch_sampler`` (its sampler a DistributedSampler, this rank's) deal this rank's share of the rest of
+    ``position``'s epoch, after ``skipped`` samples that the loader's own restored position passes over. A loader
+    that drops a last partial batch gets the rest padded to whole batches, so that none of it is dropped."""
+    own = batch_sampler.sampler
+    world, rank = own.num_replicas, own.rank
+    rest = position.rest(world, batch_sampler.batch_size if getattr(batch_sampler, "drop_last", False) else 1)
+    has_state = callable(getattr(own, "state_dict", None)) and callable(getattr(own, "load_state_dict", None))
+    kind = StatefulRestOfEpoch if has_state else RestOfEpoch
+    dealing = kind(batch_sampler, position.epoch, position.order[:skipped], rest[rank::world], position, rest)
+    batch_sampler.sampler = dealing
+    return dealing
+
+
+def dealt_message(dealing: RestOfEpoch) -> str:
+    """What rank 0 says, once, when the rest of a stopped epoch is dealt over another number of ranks."""
+    rest, size = dealing.rest, dealing.batch_sampler.batch_size
+    left, share = len(set(rest)), len(dealing.indices) - dealing.skipped
+    return (f"ddp_sigterm: the rest of epoch {dealing.epoch}, {left} samples not trained yet, is dealt out over the "
+            f"{dealing.sampler.num_replicas} data-parallel ranks, each sample once ({len(rest) - left} places of "
+            f"padding): {-(-share // size)} batches each")
+
+
 class RestOfEpoch(Sampler[int]):
     """Stands in for a loader's sampler (as its batch sampler's ``sampler``) for the rest of one epoch: yields
     ``skipped`` samples first, which the loader's own restored position passes over, then this rank's share of the

@@ -325,14 +325,15 @@ def wrapped_sampler(sampler: Any) -> Any | None:
     return sampler.dataset._sampler if any(is_sampler_wrapper(cls) for cls in type(sampler).__mro__) else None
 
 
-def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> bool:
+def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]], start_over: Iterable[Any] = ()) -> bool:
     """At the start of a resumed fit, give the training loaders back ``positions`` (see
     :func:`saved_loader_positions`) for the epoch the fit resumes in; the data fetcher's iterator must then be made
     again from them (:func:`remake_iterator`). Lightning loads the positions before the loop sets its samplers'
     epoch: a shuffling sampler that draws its order as the iterator is made (torch's DistributedSampler, or any
     sampler the loader's workers prefetch from) then resumes in epoch 0's order at the saved offset. And it drops
     them when the data was set up before the restore (``trainer.estimated_stepping_batches`` in
-    ``configure_optimizers``: #20550). True if it gave any back."""
+    ``configure_optimizers``: #20550). The loaders of ``start_over`` get none: their epoch starts over. True if it
+    gave any back."""
     fit_loop = trainer.fit_loop
     loaders = training_loaders(trainer)
     if not positions or not loaders or fit_loop._data_fetcher is None:
@@ -347,10 +348,12 @@ def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]]) -> b
         for set_epoch in {id(sampler): getattr(sampler, "set_epoch", None) for sampler in samplers}.values():
             if callable(set_epoch):
                 set_epoch(epoch)
+    fresh = {id(loader) for loader in start_over}
     for loader, position in zip(stateful, positions):
-        loader.load_state_dict(position)
+        if id(loader) not in fresh:
+            loader.load_state_dict(position)
     fit_loop._combined_loader_states_to_load = []  # given back here, where Lightning dropped them (#20550)
-    return True
+    return len(fresh) < len(stateful)
 
 
 def remake_iterator(trainer: Any) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
-from ddp_sigterm._core.epoch_order import EpochPosition, RestOfEpoch, StatefulRestOfEpoch, global_order
+from ddp_sigterm._core import epoch_order
+from ddp_sigterm._core.epoch_order import EpochPosition, RestOfEpoch
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._lightning import internals
 
@@ -45,6 +46,8 @@ class Resumed:
     """What rank 0 says, once."""
     lengths: tuple[int | float, list[int | float] | None] | None = None
     """The fit's own epoch length and loader limits, to give back when the dealt epoch is over."""
+    start_over: list[Any] = dataclasses.field(default_factory=list)
+    """The loaders whose epoch starts over: not to be given their positions."""
 
 
 def record(trainer: Any) -> dict[str, Any]:
@@ -66,45 +69,22 @@ def record(trainer: Any) -> dict[str, Any]:
 
 def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
     batch_sampler = getattr(loader, "batch_sampler", None)
-    sampler, batch_size = getattr(batch_sampler, "sampler", None), getattr(batch_sampler, "batch_size", None)
     if not internals.has_position(loader):
         return {"why": f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"}
-    if not isinstance(batch_size, int):
-        return {"why": "its batch sampler has no batch size"}
-    consumed = internals.batches_this_epoch(trainer) * batch_size
-    dealing = sampler if isinstance(sampler, RestOfEpoch) else None
-    if dealing is not None:  # a stop again, in the rest of an epoch the package deals
-        sampler = dealing.sampler
-    if not isinstance(sampler, DistributedSampler):
-        return {"why": f"its sampler, {type(sampler).__name__}, is not distributed"}
-    if not _deals_its_global_order(sampler):
-        return {"why": f"its sampler, {type(sampler).__name__}, deals an order of its own"}
-    wrapped = internals.wrapped_sampler(sampler)
-    if dealing is not None:
-        position = dealing.now(sampler.num_replicas, batch_size, consumed)
-    else:
-        order = global_order(sampler, None if wrapped is None else sampler.dataset.__getitem__)
-        position = EpochPosition(sampler.epoch, sampler.num_replicas, batch_size, consumed,
-                                 min(sampler.num_replicas * consumed, len(order)), order)
+    own = epoch_order.own_sampler(batch_sampler)
+    wrapped = internals.wrapped_sampler(own)
+    batch_size = getattr(batch_sampler, "batch_size", None)
+    consumed = internals.batches_this_epoch(trainer) * batch_size if isinstance(batch_size, int) else 0
+    entry = epoch_order.record(batch_sampler, consumed, None if wrapped is None else own.dataset.__getitem__,
+                               internals.is_sampler_wrapper)
     generator = getattr(wrapped, "generator", None)
-    return {"position": position.as_dict(), "samples": len(loader.dataset),
-            "own_order": wrapped is None and dealing is None,
+    return {**entry, "samples": len(loader.dataset),
             "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
-
-
-def _deals_its_global_order(sampler: DistributedSampler[Any]) -> bool:
-    """Whether ``sampler`` deals out torch's DistributedSampler order (see :func:`global_order`): its iteration is
-    torch's, torchdata's StatefulDistributedSampler's (torch's, from where its position says), or Lightning's
-    wrapper's (torch's, of places of the order it wrapped). A subclass with an iteration of its own (a bucketing
-    sampler, say) deals an order the package cannot know."""
-    owner = next(cls for cls in type(sampler).__mro__ if "__iter__" in vars(cls))
-    return owner is DistributedSampler or owner.__module__.startswith("torchdata.stateful_dataloader") or \
-        internals.is_sampler_wrapper(owner)
 
 
 def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
     """At the start of a fit resumed from a stop checkpoint that ``recorded`` the data's place (see :func:`record`),
-    after the loaders got their own positions back: deal the rest of the stopped epoch where the loaders' own
+    before the loaders get their own positions back: deal the rest of the stopped epoch where the loaders' own
     positions would not give it (a wrapped sampler, another number of ranks), or start the epoch over where the place
     cannot be carried to another number of ranks."""
     loaders = internals.training_loaders(trainer)
@@ -126,9 +106,8 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
             continue  # the loader's own position gives the rest of the epoch back
         why = _why_not(loader, entry) or _deal_the_rest(trainer, loader, entry, resumed)
         if why is not None:
-            if internals.has_position(loader):
-                loader.load_state_dict({})  # torchdata's: no position, the epoch's first batch next
-                resumed.changed = True
+            resumed.start_over.append(loader)  # not given its position: the epoch's first batch next
+            resumed.changed = True
             resumed.said.append(f"ddp_sigterm: the training loader's place in epoch {internals.epoch_now(trainer)} "
                                 f"cannot be carried from {before} ranks to {now} ({why}): the epoch starts over")
     return resumed
@@ -159,28 +138,21 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Re
     if position.epoch != internals.epoch_now(trainer) or position.trained == len(position.order):
         return None  # the stopped epoch was over
     batch_sampler = loader.batch_sampler
-    own, size, drops = batch_sampler.sampler, batch_sampler.batch_size, batch_sampler.drop_last
-    world, rank = own.num_replicas, own.rank  # the data-parallel ranks
-    rest = position.rest(world, size if drops else 1)
-    share = rest[rank::world]
+    own, own_length = batch_sampler.sampler, len(batch_sampler)
     # the loader's own restored position passes over as many samples as it had given out at the stop
-    batches = (position.consumed + len(share)) // size if drops else -(-(position.consumed + len(share)) // size)
-    if batches != len(batch_sampler):
+    dealing = epoch_order.deal(batch_sampler, position, position.consumed)
+    batches = len(batch_sampler)
+    if batches != own_length:
         if trainer.limit_train_batches != 1.0:
+            batch_sampler.sampler = own
             return f"limit_train_batches={trainer.limit_train_batches} cuts an epoch of another length"
         resumed.lengths = internals.set_epoch_length(trainer, batches)
-    kind = StatefulRestOfEpoch if internals.has_position(own) else RestOfEpoch
-    batch_sampler.sampler = kind(batch_sampler, position.epoch, position.order[:position.consumed], share, position,
-                                 rest)
     generator = getattr(internals.wrapped_sampler(own), "generator", None)
     if entry["generator"] is not None and isinstance(generator, torch.Generator):
         generator.set_state(entry["generator"])  # its next draw is the next epoch's, as in the run that stopped
     resumed.changed = True
-    if world != position.world_size:
-        left = len(set(rest))
-        resumed.said.append(f"ddp_sigterm: the rest of epoch {position.epoch}, {left} samples not trained yet, is "
-                            f"dealt out over the {world} data-parallel ranks, each sample once ({len(rest) - left} "
-                            f"places of padding): {batches - position.consumed // size} batches each")
+    if own.num_replicas != position.world_size:
+        resumed.said.append(epoch_order.dealt_message(dealing))
     return None
 
 

@@ -231,8 +231,8 @@ class TrainerStop(Integration):
         self._epoch_lengths = None
         if self._coordinator is None or not stop_checkpoints.is_one(trainer.ckpt_path):
             return
-        given = internals.restore_loader_positions(trainer, positions)
         resumed = loader_positions.resume(trainer, recorded)
+        given = internals.restore_loader_positions(trainer, positions, resumed.start_over)
         if given or resumed.changed:
             internals.remake_iterator(trainer)
         self._epoch_lengths = resumed.lengths

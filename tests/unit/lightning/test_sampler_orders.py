@@ -1,5 +1,6 @@
-"""What the stop records of the training data's place (ddp_sigterm._lightning.loader_positions), without processes:
-which samplers' order the package can know. The stop and resume themselves are tests/test_data_position.py's."""
+"""Which samplers' order the stop can record (ddp_sigterm._core.epoch_order, with Lightning's wrapper vouched for by
+ddp_sigterm._lightning.internals), without processes. The stop and resume themselves are
+tests/test_data_position.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import DistributedSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistributedSampler
 
-from ddp_sigterm._lightning import loader_positions
+from ddp_sigterm._core import epoch_order
+from ddp_sigterm._lightning import internals
 
 
 class Bucketing(DistributedSampler):
@@ -31,4 +33,4 @@ class Plain(DistributedSampler):
     (DistributedSamplerWrapper(RandomSampler(range(8)), num_replicas=2, rank=0), True),
     (Bucketing(range(8), num_replicas=2, rank=0), False)], ids=lambda value: type(value).__name__)
 def test_the_order_is_known_where_the_sampler_deals_torchs(sampler: DistributedSampler, known: bool) -> None:
-    assert loader_positions._deals_its_global_order(sampler) is known
+    assert epoch_order.deals_global_order(sampler, internals.is_sampler_wrapper) is known

@@ -1,0 +1,125 @@
+"""A training loader's place in its epoch, for a loop of one's own (Fabric, torch.distributed), across a stop and a
+resume on the same number of ranks or another: what the Trainer gets by itself (docs/trainer.md), as an object the
+loop puts in its checkpoint's state. docs/fabric.md shows the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch.distributed as dist
+
+from ddp_sigterm._core import epoch_order
+from ddp_sigterm._core.epoch_order import EpochPosition
+from ddp_sigterm._core.log import logger
+
+
+class DataPosition:
+    """Where ``loader`` stands in its epoch. Put it in the checkpoint's state in the loader's place (``fabric.save``
+    and ``fabric.load``, or ``torch.save(position.state_dict())``, take it as any object with ``state_dict``) and
+    iterate each epoch through :meth:`epoch`.
+
+    Saved, it holds the loader's own position (torchdata's ``StatefulDataLoader`` has one) and, where the loader's
+    sampler is a ``DistributedSampler``, the epoch's global order and how much of it every rank trained. Loaded, the
+    next :meth:`epoch` of the stopped epoch goes on from there: on as many ranks, with the batches the stopped run
+    would have had; on another number, with each sample the epoch has not trained yet, once, dealt out evenly (global
+    rank 0 says so). Where that cannot be done, global rank 0 says why and the epoch starts over."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._epoch: int | None = None
+        self._batches = 0  # of the epoch being iterated, given out (before a stop and after it)
+        self._loaded: dict[str, Any] | None = None  # until the next epoch begins
+
+    def epoch(self, epoch: int) -> Iterator[Any]:
+        """The batches of ``epoch`` (the loader's sampler told the epoch first), or of what is left of it after a
+        load of a position inside it."""
+        batch_sampler = getattr(self.loader, "batch_sampler", None)
+        own = epoch_order.own_sampler(batch_sampler)
+        if batch_sampler is not None:
+            batch_sampler.sampler = own  # an epoch dealt before is over
+        set_epoch = getattr(own, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        self._epoch, self._batches = epoch, 0
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None:
+            self._go_on(loaded, epoch)
+        for batch in self.loader:
+            self._batches += 1
+            yield batch
+
+    def _go_on(self, loaded: dict[str, Any], epoch: int) -> None:
+        """Start ``epoch`` where the loaded position left it."""
+        entry, before = loaded["place"], loaded["world_size"]
+        batch_sampler = getattr(self.loader, "batch_sampler", None)
+        own = getattr(batch_sampler, "sampler", None)
+        now = int(getattr(own, "num_replicas", 0)) or _world_size()
+        if before != now:
+            _on_rank_0(f"ddp_sigterm: the job resumed on {now} data-parallel ranks where it stopped on {before}: the "
+                       f"global batch size was {before * loaded['batch_size']}, it is "
+                       f"{now * getattr(batch_sampler, 'batch_size', 0)}")
+        stateful = loaded["loader"] is not None
+        if "position" not in entry:
+            if before != now:
+                self._start_over(epoch, before, now, str(entry["why"]))
+            elif stateful:
+                self.loader.load_state_dict(loaded["loader"])  # as the loader alone would resume
+            return
+        position = EpochPosition.from_dict(entry["position"])
+        if position.epoch != epoch:
+            return  # saved at the end of an epoch: the next is new
+        if not hasattr(own, "num_replicas"):
+            self._start_over(epoch, before, now, f"its sampler, {type(own).__name__}, is not distributed now")
+            return
+        self._batches = position.consumed // position.batch_size
+        if stateful:  # it passes over what it had given out, of what is dealt below or of its own order
+            self.loader.load_state_dict(loaded["loader"])
+        if entry["own_order"] and stateful and now == position.world_size:
+            return  # the loader's own position gives the rest of the epoch back
+        dealing = epoch_order.deal(self.loader.batch_sampler, position, position.consumed if stateful else 0)
+        if now != position.world_size:
+            _on_rank_0(epoch_order.dealt_message(dealing))
+
+    def _start_over(self, epoch: int, before: int, now: int, why: str) -> None:
+        """The loader is not given its saved position: the epoch's first batch next."""
+        self._batches = 0
+        _on_rank_0(f"ddp_sigterm: the training loader's place in epoch {epoch} cannot be carried from {before} ranks "
+                   f"to {now} ({why}): the epoch starts over")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's own position, and the epoch's order and how much of it was trained (every rank's alike)."""
+        batch_sampler = getattr(self.loader, "batch_sampler", None)
+        own = epoch_order.own_sampler(batch_sampler)
+        size = getattr(batch_sampler, "batch_size", None)
+        if self._epoch is None:
+            place: dict[str, Any] = {"why": "no epoch had begun"}
+        elif not isinstance(size, int):
+            place = {"why": "it has no batch sampler with a batch size (an IterableDataset?)"}
+        else:
+            place = epoch_order.record(batch_sampler, self._batches * size)
+        return {"loader": self.loader.state_dict() if _has_position(self.loader) else None, "place": place,
+                "world_size": own.num_replicas if hasattr(own, "num_replicas") else _world_size(),
+                "batch_size": size if isinstance(size, int) else 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Keep ``state`` for the next :meth:`epoch`, which goes on from it (and gives the loader its own position
+        back, where it continues from it)."""
+        if not _has_position(self.loader):
+            state = {**state, "loader": None}  # saved from a loader with a position, given to one without
+        self._loaded = state
+
+
+def _has_position(loader: Any) -> bool:
+    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _on_rank_0(message: str) -> None:
+    """Said once, by global rank 0, at WARNING: the loop may not have started a coordinator (which sets the level)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        logger.warning(message)
