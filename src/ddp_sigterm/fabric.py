@@ -32,6 +32,7 @@ from typing import Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
+from ddp_sigterm._core import epoch_order
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.settings import Settings
 from ddp_sigterm._core.stop_save import save_in_unison
@@ -88,8 +89,8 @@ def load(fabric: Any, path: str, state: dict[str, Any]) -> dict[str, Any]:
     Fabric's load of a sharded checkpoint (``ModelParallelStrategy``, ``FSDPStrategy``: Lightning 2.6.6, and master
     in July 2026) puts the saved state in its place instead, so the loop's own object would start afresh. Returns
     what ``fabric.load`` returns: the checkpoint's entries that ``state`` does not name."""
-    stateful = {key: value for key, value in state.items() if not isinstance(value, (Module, Optimizer))
-                and callable(getattr(value, "load_state_dict", None)) and callable(getattr(value, "state_dict", None))}
+    stateful = {key: value for key, value in state.items()
+                if not isinstance(value, (Module, Optimizer)) and epoch_order.has_state(value)}
     rest: dict[str, Any] = fabric.load(path, state)
     for key, value in stateful.items():
         if state.get(key) is not value and isinstance(state.get(key), dict):  # replaced by its saved state

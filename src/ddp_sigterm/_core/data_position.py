@@ -99,20 +99,16 @@ class DataPosition:
             place = {"why": "it has no batch sampler with a batch size (an IterableDataset?)"}
         else:
             place = epoch_order.record(batch_sampler, self._batches * size)
-        return {"loader": self.loader.state_dict() if _has_position(self.loader) else None, "place": place,
+        return {"loader": self.loader.state_dict() if epoch_order.has_state(self.loader) else None, "place": place,
                 "world_size": own.num_replicas if hasattr(own, "num_replicas") else _world_size(),
                 "batch_size": size if isinstance(size, int) else 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Keep ``state`` for the next :meth:`epoch`, which goes on from it (and gives the loader its own position
         back, where it continues from it)."""
-        if not _has_position(self.loader):
+        if not epoch_order.has_state(self.loader):
             state = {**state, "loader": None}  # saved from a loader with a position, given to one without
         self._loaded = state
-
-
-def _has_position(loader: Any) -> bool:
-    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
 def _world_size() -> int:

@@ -103,11 +103,10 @@ def record(batch_sampler: Any, consumed: int, place: Callable[[int], int] | None
     having trained ``consumed`` samples of the epoch: ``{"position": <EpochPosition.as_dict()>, "own_order":
     <whether the loader's own sampler deals the same order again on as many ranks>}``, or ``{"why": <why not>}``.
     ``place`` and ``known``: see :func:`global_order` and :func:`deals_global_order`."""
-    sampler = getattr(batch_sampler, "sampler", None)
     batch_size = getattr(batch_sampler, "batch_size", None)
-    dealing = sampler if isinstance(sampler, RestOfEpoch) else None
-    if dealing is not None:  # a stop again, in the rest of an epoch dealt here
-        sampler = dealing.sampler
+    dealing = getattr(batch_sampler, "sampler", None)
+    dealing = dealing if isinstance(dealing, RestOfEpoch) else None  # a stop again, in the rest of an epoch dealt here
+    sampler = own_sampler(batch_sampler)
     if not isinstance(batch_size, int):
         return {"why": "its batch sampler has no batch size"}
     if not isinstance(sampler, DistributedSampler):
@@ -123,6 +122,12 @@ def record(batch_sampler: Any, consumed: int, place: Callable[[int], int] | None
     return {"position": position.as_dict(), "own_order": place is None and dealing is None}
 
 
+def has_state(thing: Any) -> bool:
+    """Whether ``thing`` keeps a position of its own: it has ``state_dict`` and ``load_state_dict`` (torchdata's
+    StatefulDataLoader and StatefulDistributedSampler; torch's DataLoader and samplers have neither)."""
+    return all(callable(getattr(thing, name, None)) for name in ("state_dict", "load_state_dict"))
+
+
 def own_sampler(batch_sampler: Any) -> Any:
     """The sampler of ``batch_sampler``, under a :class:`RestOfEpoch` that stands in for it."""
     sampler = getattr(batch_sampler, "sampler", None)
@@ -136,8 +141,7 @@ def deal(batch_sampler: Any, position: EpochPosition, skipped: int) -> RestOfEpo
     own = batch_sampler.sampler
     world, rank = own.num_replicas, own.rank
     rest = position.rest(world, batch_sampler.batch_size if getattr(batch_sampler, "drop_last", False) else 1)
-    has_state = callable(getattr(own, "state_dict", None)) and callable(getattr(own, "load_state_dict", None))
-    kind = StatefulRestOfEpoch if has_state else RestOfEpoch
+    kind = StatefulRestOfEpoch if has_state(own) else RestOfEpoch
     dealing = kind(batch_sampler, position.epoch, position.order[:skipped], rest[rank::world], position, rest)
     batch_sampler.sampler = dealing
     return dealing

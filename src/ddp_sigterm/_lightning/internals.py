@@ -33,6 +33,8 @@ from fsspec.core import url_to_fs
 from lightning_utilities.core.imports import compare_version
 from packaging.version import Version
 
+from ddp_sigterm._core import epoch_order
+
 CHECKED = ("2.5.1", "2.5.2", "2.5.6", "2.6.0", "2.6.6")
 """The releases of ``lightning`` and ``pytorch_lightning`` the names were checked against and the
 scenarios run on (``make test-versions``). Releases in between have the same names."""
@@ -282,7 +284,7 @@ def saved_loader_positions(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
 def has_position(loader: Any) -> bool:
     """Whether the fit loop saves ``loader``'s position in a checkpoint: it has ``state_dict`` and
     ``load_state_dict`` (torchdata's StatefulDataLoader; torch's DataLoader has neither)."""
-    return all(callable(getattr(loader, name, None)) for name in ("state_dict", "load_state_dict"))
+    return epoch_order.has_state(loader)
 
 
 def training_loaders(trainer: Any) -> list[Any]:

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddp_sigterm._core import epoch_order
-from ddp_sigterm._core.epoch_order import EpochPosition, RestOfEpoch
+from ddp_sigterm._core.epoch_order import EpochPosition
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._lightning import internals
 
@@ -70,7 +70,7 @@ def record(trainer: Any) -> dict[str, Any]:
 def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
     batch_sampler = getattr(loader, "batch_sampler", None)
     if not internals.has_position(loader):
-        return {"why": f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"}
+        return {"why": _no_state(loader)}
     own = epoch_order.own_sampler(batch_sampler)
     wrapped = internals.wrapped_sampler(own)
     batch_size = getattr(batch_sampler, "batch_size", None)
@@ -117,7 +117,7 @@ def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
     """Why the rest of the stopped epoch cannot be dealt over this fit's ranks, or None."""
     sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
     if not internals.has_position(loader):
-        return f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"
+        return _no_state(loader)
     if entry is None:
         return "the stop recorded no place for it"
     if "position" not in entry:
@@ -156,6 +156,10 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Re
     return None
 
 
+def _no_state(loader: Any) -> str:
+    return f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"
+
+
 def epoch_over(trainer: Any, lengths: tuple[int | float, list[int | float] | None]) -> None:
     """At the next training epoch's start, once an epoch the package dealt is over: give the fit the epoch length
     and loader limits Lightning had set (see :attr:`Resumed.lengths`)."""
@@ -168,7 +172,6 @@ def _global_batch_size(trainer: Any, loaders: list[Any]) -> int | None:
     sizes = [size for size in (getattr(each, "batch_size", None) for each in batch_samplers) if isinstance(size, int)]
     if not sizes or len(sizes) != len(loaders):
         return None
-    sampler = getattr(batch_samplers[0], "sampler", None)
-    sampler = sampler.sampler if isinstance(sampler, RestOfEpoch) else sampler
+    sampler = epoch_order.own_sampler(batch_samplers[0])
     replicas = sampler.num_replicas if isinstance(sampler, DistributedSampler) else trainer.world_size
     return int(replicas * sum(sizes) * trainer.accumulate_grad_batches)
