@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ddp_sigterm_tests.harness import run_job
 
-from ddp_sigterm._core.agreement import PAYLOAD_SIZE
+from ddp_sigterm._core.port import PAYLOAD_SIZE
 
 ROOT = Path(__file__).resolve().parent.parent
 

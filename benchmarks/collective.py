@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from ddp_sigterm_tests.scenario import Job
 
-from ddp_sigterm._core.agreement import PAYLOAD_SIZE
+from ddp_sigterm._core.port import PAYLOAD_SIZE
 
 ENV = os.environ
 OUT = Job.read().out  # the harness's job: where to write

@@ -62,7 +62,7 @@ def lightning(request) -> SimpleNamespace:
         def on_train_start(self, trainer, pl_module):
             self.active = [cb for cb in trainer.callbacks
                            if isinstance(cb, ours.UnisonStop) and cb._coordinator is not None]
-            self.record = self.active[0]._coordinator.record if self.active else None
+            self.record = self.active[0]._coordinator.integration.record if self.active else None
             self.notifier = trainer._signal_connector.__dict__.get("_sigterm_notifier_fn")
             self.broadcast = trainer.fit_loop.epoch_loop.__dict__.get("_broadcast_sigterm_tensor")
             self.handler = signal.getsignal(signal.SIGTERM)
@@ -220,7 +220,7 @@ def test_fabric_explicit_settings_win_and_opt_out_is_inert(fabric_package, monke
     stop = unison_stop(fabric)
     try:
         assert explicit.coordinator is stop
-        assert stop.settings.max_delay == 0.5
+        assert stop.integration.settings.max_delay == 0.5
     finally:
         stop.close()
 

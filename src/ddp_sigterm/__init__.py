@@ -18,17 +18,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddp_sigterm._core.agreement import AgreementError
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.data_position import DataPosition
-from ddp_sigterm._core.schedule import StopDecision
+from ddp_sigterm._core.decision import StopDecision
+from ddp_sigterm._core.notices import NoticeSettings
+from ddp_sigterm._core.port import AgreementError
 from ddp_sigterm._core.settings import Settings, SettingsError
 from ddp_sigterm._core.stop_save import StopError, save_in_unison
 from ddp_sigterm._lightning import settings as _trainer_settings  # noqa: F401  # its DDP_SIGTERM_* are known
 
 __version__ = "0.1.0"
-__all__ = ["AgreementError", "DataPosition", "Settings", "SettingsError", "StopCoordinator", "StopDecision",
-           "StopError", "UnisonStop", "__version__", "save_in_unison"]
+__all__ = ["AgreementError", "DataPosition", "NoticeSettings", "Settings", "SettingsError", "StopCoordinator",
+           "StopDecision", "StopError", "UnisonStop", "__version__", "save_in_unison"]
 
 
 def __getattr__(name: str) -> Any:

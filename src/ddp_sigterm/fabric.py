@@ -68,7 +68,8 @@ def unison_stop(fabric: Any) -> StopCoordinator:
     if holder.coordinator is None:
         # the agreement's ranks are this Fabric's: a one-device Fabric agrees with no one
         holder.coordinator = StopCoordinator(holder.settings, distributed=fabric.world_size > 1,
-                                             on_decided=[internals.retire_child_watch])
+                                             on_decided=[internals.retire_child_watch],
+                                             notice=holder.notice_settings)
         holder.coordinator.start()
     return holder.coordinator
 

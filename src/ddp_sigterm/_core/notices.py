@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from ddp_sigterm._core import log
+from ddp_sigterm._core.settings import SettingsError, check_seconds, read_from_environment
 
 CLOUDS = ("aws", "gce", "azure")
 
@@ -54,6 +55,34 @@ KINDS = (("aws", "terminate"), ("aws", "stop"), ("aws", "hibernate"), ("gce", "p
 _AZURE_NAME = re.compile(r"[\w.-]{1,80}")
 _MAX_ANSWER = 65536  # bytes read of one answer: a notice is a few hundred
 _AWS_TOKEN_SECONDS = 21600  # the longest IMDSv2 token; asked for again a minute before it lapses
+
+
+@read_from_environment
+@dataclasses.dataclass(frozen=True)
+class NoticeSettings:
+    """The notice watch's settings; every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
+
+    notice: str = "off"
+    """A cloud's preemption notice stops the run as its first stop signal would, before that signal comes:
+    ``aws`` (a spot interruption, 2 minutes ahead), ``gce`` (a preemption, up to 30 s), ``azure`` (a spot
+    eviction, at least 30 s), ``auto`` (the cloud this machine's DMI data names, found without the network;
+    in none, nothing is asked), or ``off``. On each node local rank 0 asks every ``notice_period`` seconds; the
+    stop's deadline becomes the sooner of ``stop_deadline`` and the notice's time (docs/cloud-notices.md)."""
+
+    notice_url: str = ""
+    """The metadata service to ask instead of the cloud's own (``http://host:port``)."""
+
+    notice_period: float = 2.0
+    """Seconds between two questions to the metadata service (each bounded by 2 s)."""
+
+    def __post_init__(self) -> None:
+        notice = self.notice.strip().lower() if isinstance(self.notice, str) else self.notice
+        if notice not in ("off", "auto", *CLOUDS):
+            raise SettingsError(f"notice must be one of off, auto, {', '.join(CLOUDS)}; got {self.notice!r}")
+        object.__setattr__(self, "notice", notice)
+        if not isinstance(self.notice_url, str) or (self.notice_url and not self.notice_url.startswith("http://")):
+            raise SettingsError(f"notice_url must be an http:// URL, got {self.notice_url!r}")
+        check_seconds(self, "notice_period")
 
 
 class MetadataError(RuntimeError):

@@ -1,7 +1,8 @@
-"""Settings: one validated dataclass, overridden by ``DDP_SIGTERM_*`` environment variables.
+"""Settings: each component's validated dataclass, overridden by ``DDP_SIGTERM_<FIELD>`` environment variables.
 
-Precedence, lowest to highest: the field defaults, the arguments given in code, the environment.
-The environment wins so that an operator can change a job's behaviour without editing its script.
+Precedence, lowest to highest: the field defaults, the arguments given in code, the environment (an operator
+changes a job without editing its script). This module has the machinery and the core's :class:`Settings`;
+the notice watch's are ``notices.NoticeSettings``, the Trainer's ``_lightning.settings.TrainerSettings``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import signal
 import warnings
 from collections.abc import Mapping
 from typing import Any, TypeVar
-
-from ddp_sigterm._core.notices import CLOUDS
 
 T = TypeVar("T")
 ENV_PREFIX = "DDP_SIGTERM"
@@ -77,11 +76,17 @@ def check_bools(settings: object, *names: str) -> None:
             raise SettingsError(f"{name} must be a bool, got {getattr(settings, name)!r}")
 
 
+def check_seconds(settings: object, *names: str) -> None:
+    for name in names:
+        value = getattr(settings, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
 @read_from_environment
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How the stop is detected and agreed. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``.
-    The Trainer's own settings (its stop checkpoint, resuming) are ``ddp_sigterm._lightning.settings``'s."""
+    """How the stop is detected and agreed. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
 
     enabled: bool = True
     """Master switch. ``DDP_SIGTERM=0`` (note: no suffix) turns the package off: stock behaviour."""
@@ -122,20 +127,6 @@ class Settings:
     ("terminate called without an active exception", exit code -6), hiding the stop's exit code. A run
     that gets no signal is left as stock leaves it (the package's own groups are always destroyed)."""
 
-    notice: str = "off"
-    """A cloud's preemption notice stops the run as its first stop signal would, before that signal comes:
-    ``aws`` (a spot interruption, 2 minutes ahead), ``gce`` (a preemption, up to 30 s), ``azure`` (a spot
-    eviction, at least 30 s), ``auto`` (the cloud this machine's DMI data names, found without the network;
-    in none, nothing is asked), or ``off``. On each node one process (local rank 0) asks every
-    ``notice_period`` seconds; the stop's deadline becomes the sooner of ``stop_deadline`` and the notice's
-    time (docs/cloud-notices.md)."""
-
-    notice_url: str = ""
-    """The metadata service to ask instead of the cloud's own (``http://host:port``)."""
-
-    notice_period: float = 2.0
-    """Seconds between two questions to the metadata service (each bounded by 2 s)."""
-
     log_level: str = "INFO"
     """Level of the ``ddp_sigterm`` logger (``DEBUG``, ``INFO``, ``WARNING``, ...). At INFO every rank
     logs a stop: the signal, the rank that received it and when, the agreed step, the checkpoint and
@@ -155,17 +146,8 @@ class Settings:
             names = ", ".join(signal.Signals(n).name for n in sorted(uncatchable))
             raise SettingsError(f"signals cannot include {names}: they cannot be caught")
         object.__setattr__(self, "signals", tuple(signal.Signals(n).name for n in dict.fromkeys(numbers)))
-        for name in ("max_delay", "agreement_timeout", "connect_timeout", "notice_period"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
+        check_seconds(self, "max_delay", "agreement_timeout", "connect_timeout")
         check_bools(self, "destroy_at_exit")
-        notice = self.notice.strip().lower() if isinstance(self.notice, str) else self.notice
-        if notice not in ("off", "auto", *CLOUDS):
-            raise SettingsError(f"notice must be one of off, auto, {', '.join(CLOUDS)}; got {self.notice!r}")
-        object.__setattr__(self, "notice", notice)
-        if not isinstance(self.notice_url, str) or (self.notice_url and not self.notice_url.startswith("http://")):
-            raise SettingsError(f"notice_url must be an http:// URL, got {self.notice_url!r}")
         level = self.log_level.strip().upper() if isinstance(self.log_level, str) else self.log_level
         if not isinstance(logging.getLevelName(level), int):
             raise SettingsError(f"log_level must be a logging level such as INFO or WARNING, got {self.log_level!r}")

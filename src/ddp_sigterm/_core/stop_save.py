@@ -76,17 +76,18 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
 
     started = time.monotonic()
     try:
-        with stop.waiting_for(what):
+        with stop.integration.waiting_for(what):
             in_unison(stop, write_and_check, what, step)
         naming = f"naming the stop checkpoint of step {step} in {directory}"
-        with stop.waiting_for(naming):
+        with stop.integration.waiting_for(naming):
             final = in_unison(stop, rename, naming, step)
     except StopError:
         if writer:
             _remove_partial(fs, partial_target)
         raise
-    log.logger.info("rank %d of %d: the stop checkpoint of step %s is saved: %s (%.3f s, every rank)", stop.rank,
-                    stop.world_size, step, path, time.monotonic() - started)
+    inner = stop.integration
+    log.logger.info("rank %d of %d: the stop checkpoint of step %s is saved: %s (%.3f s, every rank)", inner.rank,
+                    inner.world_size, step, path, time.monotonic() - started)
     return final
 
 
@@ -98,16 +99,16 @@ def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: i
     try:
         result = action()
     except Exception as error:  # every rank must learn of it: reported, then raised as StopError
-        stop.lowest_failed_rank(False, what, step)
-        message = (f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed: "
+        stop.integration.lowest_failed_rank(False, what, step)
+        message = (f"ddp_sigterm: rank {stop.integration.rank}: every rank stopped at step {step}, but {what} failed: "
                    f"{type(error).__name__}: {error}")
         log.logger.error("%s; exiting with %d", message, exit_codes.STOP_FAILED, exc_info=error)
         raise StopError(message) from error
-    failed = stop.lowest_failed_rank(True, what, step)
+    failed = stop.integration.lowest_failed_rank(True, what, step)
     if failed is None:
         return result
-    message = (f"ddp_sigterm: rank {stop.rank}: every rank stopped at step {step}, but {what} failed on rank "
-               f"{failed} (its log has the reason)")
+    message = (f"ddp_sigterm: rank {stop.integration.rank}: every rank stopped at step {step}, but {what} failed "
+               f"on rank {failed} (its log has the reason)")
     log.logger.error("%s; exiting with %d", message, exit_codes.STOP_FAILED)
     raise StopError(message)
 

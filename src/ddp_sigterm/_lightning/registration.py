@@ -8,18 +8,23 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from ddp_sigterm._core.settings import Settings
+from ddp_sigterm._core.notices import NoticeSettings
+from ddp_sigterm._core.settings import Settings, resolve
 
 T = TypeVar("T", bound="Integration")
+_NOTICE_FIELDS = {field.name for field in dataclasses.fields(NoticeSettings)}
 
 
 class Integration:
-    """Base of the integration objects: ``settings`` and whether an entry point added it."""
+    """Base of the integration objects: the core's ``settings``, the notice watch's, and whether an entry point
+    added it. Keyword overrides go to the component whose field they name."""
 
     def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
         if settings is not None and overrides:
             raise TypeError(f"{type(self).__name__} takes either settings or keyword overrides, not both")
+        notice = {name: overrides.pop(name) for name in list(overrides) if name in _NOTICE_FIELDS}
         self.settings = Settings.resolve(**(dataclasses.asdict(settings) if settings is not None else overrides))
+        self.notice_settings = resolve(NoticeSettings, **notice)
         self.auto_registered = False
 
     @classmethod

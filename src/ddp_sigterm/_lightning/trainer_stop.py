@@ -48,8 +48,8 @@ from torch.multiprocessing.spawn import ProcessExitedException
 from ddp_sigterm import slurm
 from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
+from ddp_sigterm._core.decision import StopDecision
 from ddp_sigterm._core.log import logger
-from ddp_sigterm._core.schedule import StopDecision
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
@@ -109,15 +109,16 @@ class TrainerStop(Integration):
         # multi-device fit, in the same process) agrees with no one, whatever the default group holds.
         coordinator = StopCoordinator(self.settings, requeue_signal=requeue, distributed=trainer.world_size > 1,
                                       on_decided=[internals.retire_child_watch],
-                                      routed_signals=internals.routed_signals(requeue))
+                                      routed_signals=internals.routed_signals(requeue),
+                                      notice=self.notice_settings)
         # SIGTERM and SLURM's requeue signal go through Lightning's connector (it chains and
         # restores); other signals are installed by the recorder once the connector has
         # registered, in _on_stage_start.
         coordinator.start(install_handlers=False)
-        if not coordinator.acting:  # its groups could not be made (it warned): the Trainer is left to stock Lightning
+        if not coordinator.integration.acting:  # no groups (it warned): the Trainer is left to stock Lightning
             return
         self._coordinator, self._trainer = coordinator, trainer
-        internals.take_signal_handlers(trainer, coordinator.record, self.lightning.distribution)
+        internals.take_signal_handlers(trainer, coordinator.integration.record, self.lightning.distribution)
         if stage == "fit" and self._resumes_when_not_told():
             internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, self.trainer_settings))
 
@@ -183,7 +184,7 @@ class TrainerStop(Integration):
 
     def _on_stage_start(self) -> None:
         if self._coordinator is not None:
-            self._coordinator.install_handlers()
+            self._coordinator.integration.install_handlers()
 
     def _close(self) -> None:
         coordinator, trainer = self._coordinator, self._trainer
@@ -331,8 +332,8 @@ class TrainerStop(Integration):
         """The agreed stop's work on this rank: the stop checkpoint, the requeue; returns the exception to raise."""
         # Lightning puts its saved handlers back at teardown, after this callback has closed: make that
         # SIG_IGN for the signals the runtime ignores after a stop, so a late signal cannot change the exit code.
-        internals.mark_stopped(trainer, coordinator.ignored_after_stop)
-        agreed = f"ddp_sigterm: {coordinator.stop_cause} received, every rank stops at step {step}"
+        internals.mark_stopped(trainer, coordinator.integration.ignored_after_stop)
+        agreed = f"ddp_sigterm: {coordinator.integration.stop_cause} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
             saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step,
                                           self.lightning.distribution)
@@ -343,8 +344,8 @@ class TrainerStop(Integration):
                                "state_dict): the resumed run starts this epoch over and trains again on its batches "
                                "so far. torchdata's StatefulDataLoader, a drop-in replacement, is saved and restored "
                                "(docs/trainer.md)", ", ".join(positionless))
-        if coordinator.requeue_signal is not None:  # SLURM, auto-requeue on
-            requeued = _requeue(trainer, coordinator, decision, coordinator.requeue_signal, step)
+        if coordinator.integration.requeue_signal is not None:  # SLURM, auto-requeue on
+            requeued = _requeue(trainer, coordinator, decision, coordinator.integration.requeue_signal, step)
             agreed += f"; SLURM job {requeued}" if requeued else ""
         self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = self.lightning.sigterm_exception(decision.exit_code)
@@ -433,7 +434,7 @@ def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision,
         if not trainer.is_global_zero:
             return None
         if decision.requeue:
-            why = f"{coordinator.stop_cause} came" if decision.notice else \
+            why = f"{coordinator.integration.stop_cause} came" if decision.notice else \
                 f"{signal.Signals(requeue_signal).name} is its requeue signal"
         else:
             try:
@@ -446,8 +447,8 @@ def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision,
                 return None
             why = f"SLURM is preempting it (PreemptTime={preempt_time})"
         requeued = f"{slurm.requeue()} requeued: {why}"
-        logger.info("rank %d of %d: SLURM job %s", coordinator.rank, coordinator.world_size, requeued)
+        logger.info("rank %d of %d: SLURM job %s", trainer.global_rank, trainer.world_size, requeued)
         return requeued
 
-    with coordinator.waiting_for("`scontrol show job` / `scontrol requeue` (global rank 0)"):
+    with coordinator.integration.waiting_for("`scontrol show job` / `scontrol requeue` (global rank 0)"):
         return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)

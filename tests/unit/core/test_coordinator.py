@@ -15,7 +15,7 @@ import time
 import pytest
 from ddp_sigterm_tests.metadata_server import MetadataServer
 
-from ddp_sigterm import Settings, StopCoordinator
+from ddp_sigterm import NoticeSettings, Settings, StopCoordinator
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.runtime import Runtime
 from ddp_sigterm._core.signals import SignalRecorder
@@ -125,20 +125,20 @@ def test_one_set_of_stop_signals_includes_what_a_framework_routes() -> None:
     settings = Settings.resolve(environ={}, signals=("SIGUSR2",))
     routed = (signal.SIGTERM, signal.SIGUSR1)
     coordinator = StopCoordinator(settings, requeue_signal=signal.SIGUSR1, routed_signals=routed)
-    assert coordinator.signals == (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM)
-    before = {signum: signal.getsignal(signum) for signum in coordinator.signals}
+    assert coordinator.integration.signals == (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM)
+    before = {signum: signal.getsignal(signum) for signum in coordinator.integration.signals}
     coordinator.start(install_handlers=False)
     try:
-        coordinator.install_handlers()
+        coordinator.integration.install_handlers()
         assert signal.getsignal(signal.SIGUSR2) != before[signal.SIGUSR2]
         assert signal.getsignal(signal.SIGTERM) == before[signal.SIGTERM]
         assert signal.getsignal(signal.SIGUSR1) == before[signal.SIGUSR1]
-        coordinator.record(signal.SIGTERM)
+        coordinator.integration.record(signal.SIGTERM)
         assert coordinator.should_stop(0)
         assert coordinator.exit_code == 128 + signal.SIGTERM
     finally:
         coordinator.close()
-    assert {signum: signal.getsignal(signum) for signum in coordinator.signals} == before
+    assert {signum: signal.getsignal(signum) for signum in coordinator.integration.signals} == before
 
 
 def test_a_cloud_notice_stops_a_process_alone_as_its_first_stop_signal_would(caplog, monkeypatch) -> None:
@@ -147,8 +147,8 @@ def test_a_cloud_notice_stops_a_process_alone_as_its_first_stop_signal_would(cap
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv("SLURM_LOCALID", raising=False)
     with MetadataServer("aws") as server:
-        coordinator = StopCoordinator(Settings.resolve(environ={}, notice="aws", notice_url=server.url,
-                                                       notice_period=0.05))
+        coordinator = StopCoordinator(Settings.resolve(environ={}),
+                                      notice=NoticeSettings("aws", notice_url=server.url, notice_period=0.05))
         threads = not_the_servers()
         coordinator.start()
         try:
@@ -162,7 +162,7 @@ def test_a_cloud_notice_stops_a_process_alone_as_its_first_stop_signal_would(cap
                     time.sleep(0.01)
             assert coordinator.decision is not None
             assert coordinator.exit_code == 128 + signal.SIGTERM
-            assert coordinator.stop_cause == "the aws preemption notice (stop at 2026-12-06T12:02:00+00:00)"
+            assert coordinator.integration.stop_cause == "the aws preemption notice (stop at 2026-12-06T12:02:00+00:00)"
         finally:
             coordinator.close()
         assert not_the_servers() == threads
@@ -183,7 +183,8 @@ def test_no_notice_watch_where_it_is_off_in_no_cloud_or_not_local_rank_0(monkeyp
     """``auto`` finds no cloud on this machine (nor in CI): nothing is asked, no thread starts."""
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     with MetadataServer("gce") as server:
-        coordinator = StopCoordinator(Settings.resolve(environ={}, notice=notice, notice_url=server.url))
+        settings = NoticeSettings(notice, notice_url=server.url)
+        coordinator = StopCoordinator(Settings.resolve(environ={}), notice=settings)
         threads = threading.enumerate()
         coordinator.start()
         try:
@@ -196,14 +197,15 @@ def test_no_notice_watch_where_it_is_off_in_no_cloud_or_not_local_rank_0(monkeyp
 
 _LATE_NOTICE = """
 import sys, time
-from ddp_sigterm import Settings, StopCoordinator
+from ddp_sigterm import NoticeSettings, Settings, StopCoordinator
 from ddp_sigterm_tests.metadata_server import MetadataServer
 with MetadataServer("gce") as server:
-    coordinator = StopCoordinator(Settings.resolve(environ={}, notice="gce", notice_url=server.url, notice_period=0.05))
+    coordinator = StopCoordinator(Settings.resolve(environ={}),
+                                  notice=NoticeSettings("gce", notice_url=server.url, notice_period=0.05))
     coordinator.start()
     assert coordinator.decide_now(1) is False  # the run's last agreement
     server.notice = True
-    while coordinator._recorder.signum == 0:
+    while not coordinator.integration.signalled():
         time.sleep(0.01)
     coordinator.close()
 print("went on", flush=True)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ddp_sigterm import Settings, SettingsError
+from ddp_sigterm import NoticeSettings, Settings, SettingsError
 from ddp_sigterm._core.settings import resolve
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -26,8 +26,8 @@ def test_settings_defaults_and_environment_precedence() -> None:
     assert Settings.resolve(environ={"DDP_SIGTERM_STOP_DEADLINE": "inf"}).stop_deadline == math.inf
     assert Settings().log_level == "INFO"
     assert Settings.resolve(environ={"DDP_SIGTERM_LOG_LEVEL": " warning"}).log_level == "WARNING"
-    assert (Settings().notice, Settings().notice_url, Settings().notice_period) == ("off", "", 2.0)
-    noticed = Settings.resolve(environ={"DDP_SIGTERM_NOTICE": "GCE", "DDP_SIGTERM_NOTICE_URL": "http://127.0.0.1:8080",
+    assert (NoticeSettings().notice, NoticeSettings().notice_url, NoticeSettings().notice_period) == ("off", "", 2.0)
+    noticed = resolve(NoticeSettings, environ={"DDP_SIGTERM_NOTICE": "GCE", "DDP_SIGTERM_NOTICE_URL": "http://127.0.0.1:8080",
                                         "DDP_SIGTERM_NOTICE_PERIOD": "0.5"}, notice="aws")
     assert (noticed.notice, noticed.notice_url, noticed.notice_period) == ("gce", "http://127.0.0.1:8080", 0.5)
     trainer = {"DDP_SIGTERM_CHECKPOINT_DIR": "s3://bucket/run", "DDP_SIGTERM_KEEP_CHECKPOINTS": "2",
@@ -38,6 +38,7 @@ def test_settings_defaults_and_environment_precedence() -> None:
     assert (default.checkpoint_dir, default.keep_checkpoints, default.resume, default.save_checkpoint) == \
         ("", 0, False, True)
     assert not hasattr(Settings(), "checkpoint_dir")  # the core's settings keep only what the core reads
+    assert not hasattr(Settings(), "notice")
 
 
 def test_the_trainers_variables_are_known_to_the_core() -> None:
@@ -64,8 +65,9 @@ def test_the_trainers_variables_are_known_to_the_core() -> None:
     ],
 )
 def test_bad_settings_fail_with_a_clear_message(environ: dict[str, str], message: str) -> None:
+    component = NoticeSettings if any(name.startswith("DDP_SIGTERM_NOTICE") for name in environ) else Settings
     with pytest.raises(SettingsError) as error:
-        Settings.resolve(environ=environ)
+        resolve(component, environ=environ)
     assert message in str(error.value)
 
 

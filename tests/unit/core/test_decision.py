@@ -1,11 +1,13 @@
-"""ddp_sigterm/_core/schedule.py on N simulated ranks: no process, no thread, no clock.
+"""ddp_sigterm/_core/decision.py on N simulated ranks: no process, no thread, no clock.
 
-Each rank is a generator that runs its plan of step boundaries through its own :class:`StopSchedule`, as
-the coordinator does, and each rank's heartbeat thread is a generator that reports, all-reduces and hears
-through its own :class:`HeartbeatBook`, as heartbeat.py does. The collectives are simulated: a rank that
-calls one waits (yields) until every rank has made the same call, then all get the same MAX. A random
-scheduler picks which generator runs next, so each seed is one interleaving of the ranks and their threads.
-Whatever the interleaving, every rank must stop at the same boundary with the same decision.
+Each rank runs its plan of loops through its own :class:`StopSchedule`, calling the sequences the coordinator
+calls (``passing`` at each boundary, ``leaving`` at the end of an uneven loop, ``now`` at the end), and its
+heartbeat thread runs ``beat`` again and again. The port is simulated: a rank whose sequence asks for a vote or a
+beat waits (yields) until every rank has made the same call, then all get the same answer (:func:`combined`, or
+the MAX of the beats); a ``Wait`` waits until its condition holds. A random scheduler picks which rank's main or
+heartbeat runs next, so each seed is one interleaving of the ranks and their threads, at the granularity the
+production driver gives them (each part of a sequence between two requests runs under one lock). Whatever the
+interleaving, every rank must stop at the same boundary with the same decision.
 """
 
 from __future__ import annotations
@@ -16,30 +18,34 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from ddp_sigterm._core import schedule
-from ddp_sigterm._core.schedule import HeartbeatBook, State, StopDecision, StopSchedule, Vote
+from ddp_sigterm._core import decision
+from ddp_sigterm._core.decision import Ballot, Beat, Sequence, State, StopDecision, StopSchedule, Vote, Wait, combined
 
 Waiting = Generator[None, None, object]
 
 
 class Collective:
-    """An all-reduce MAX of ``width`` integers among ``ranks``: the k-th call of every rank pairs with the
-    k-th call of every other rank, as on one process group."""
+    """An all-reduce among ``ranks``: the k-th call of every rank pairs with the k-th call of every other
+    rank, as on one process group; every rank gets ``reduce`` of all the calls' values."""
 
-    def __init__(self, ranks: int) -> None:
-        self.ranks = ranks
+    def __init__(self, ranks: int, reduce) -> None:
+        self.ranks, self.reduce = ranks, reduce
         self.calls = [0] * ranks
-        self.rounds: list[dict[int, tuple[int, ...]]] = []
+        self.rounds: list[dict[int, object]] = []
 
-    def all_reduce(self, rank: int, values: tuple[int, ...]) -> Generator[None, None, tuple[int, ...]]:
+    def all_reduce(self, rank: int, value: object) -> Generator[None, None, object]:
         index = self.calls[rank]
         self.calls[rank] += 1
         while len(self.rounds) <= index:
             self.rounds.append({})
-        self.rounds[index][rank] = values
+        self.rounds[index][rank] = value
         while len(self.rounds[index]) < self.ranks:
             yield
-        return tuple(max(column) for column in zip(*self.rounds[index].values(), strict=True))
+        return self.reduce(list(self.rounds[index].values()))
+
+
+def _beats(beats: list[Beat]) -> Beat:
+    return Beat(any(b.signalled for b in beats), max(b.boundary for b in beats), any(b.closing for b in beats))
 
 
 @dataclasses.dataclass
@@ -54,71 +60,73 @@ class Rank:
     signalled: bool = False
     decision: StopDecision | None = None
     where: tuple[int, str, int] | None = None  # where it stopped: the loop's place in the plan, its name, the boundary
-    book: HeartbeatBook = dataclasses.field(default_factory=HeartbeatBook)
+    schedule: StopSchedule | None = None
+
+    def ballot(self) -> Ballot:
+        return Ballot(15 if self.signalled else 0, 0.0 if self.signalled else None)
 
 
 class Job:
     def __init__(self, plans: list[list[tuple[str, int, bool]]], signals: dict[int, int], seed: int,
                  beats: int = 4) -> None:
         self.ranks = [Rank(rank, plan, signals.get(rank)) for rank, plan in enumerate(plans)]
-        self.agreement = Collective(len(plans))
-        self.heartbeat = Collective(len(plans))
+        for rank in self.ranks:
+            rank.schedule = StopSchedule(rank.rank, len(plans) == 1, rank.ballot, lambda: 0.0)
+        self.votes = Collective(len(plans), combined)
+        self.heartbeats = Collective(len(plans), _beats)
         self.random = random.Random(seed)
         self.beats = beats  # how many scheduler turns a heartbeat thread sleeps between beats, at most
         self.closing = False
 
-    def _agree(self, rank: Rank, schedule_: StopSchedule, in_loop: bool) -> Generator[None, None, Vote]:
-        signalled = rank.signalled
-        values = (int(signalled) * 15, int(in_loop), 0, schedule_.boundary,
-                  len(self.ranks) - rank.rank if signalled else 0)
-        signum, anyone, requeue, boundary, lowest = yield from self.agreement.all_reduce(rank.rank, values)
-        return Vote(signum, bool(anyone), bool(requeue), boundary, len(self.ranks) - lowest if lowest else None)
+    def drive(self, rank: Rank, sequence: Sequence) -> Generator[None, None, bool]:
+        """The simulated port: serve the sequence's requests, yielding to the scheduler while they wait."""
+        answer: object = None
+        while True:
+            try:
+                request = sequence.send(answer)
+            except StopIteration as end:
+                return bool(end.value)
+            if isinstance(request, Wait):
+                while not request.until():
+                    yield
+                answer = None
+            elif isinstance(request, Vote):
+                answer = yield from self.votes.all_reduce(rank.rank, request)
+            else:
+                answer = yield from self.heartbeats.all_reduce(rank.rank, request)
 
     def main(self, rank: Rank) -> Iterator[None]:
-        """What the coordinator does on one rank, at each boundary of the plan."""
-        sched = StopSchedule(alone=len(self.ranks) == 1)
+        """A training script's loop on one rank: the coordinator's calls at each boundary of the plan."""
+        schedule = rank.schedule
+        assert schedule is not None
         passed = 0
         for number, (loop, boundaries, uneven) in enumerate(rank.plan):
             for index in range(boundaries):
                 passed += 1
                 if rank.signal_at == passed:
                     rank.signalled = True
-                boundary = sched.passing(passed, rank.signalled)
-                while rank.book.passing(boundary):  # heartbeat.passing: wait for the result in flight
-                    yield
-                if sched.agrees_here(rank.book.requested, rank.signalled):
-                    vote = yield from self._agree(rank, sched, in_loop=True)
-                    if self._stopped(rank, sched, vote, (number, loop, index)):
-                        return
-                yield
-            if uneven:
-                vote = yield from self._agree(rank, sched, in_loop=False)
-                while StopSchedule.leaving_again(vote):
-                    vote = yield from self._agree(rank, sched, in_loop=False)
-                if self._stopped(rank, sched, vote, (number, loop, -1)):
+                if (yield from self.drive(rank, schedule.passing(passed, rank.signalled))):
+                    self._stopped(rank, (number, loop, index))
                     return
-        vote = yield from self._agree(rank, sched, in_loop=True)  # decide_now at the end of the run
-        self._stopped(rank, sched, vote, (len(rank.plan), "end", -1))
+                yield
+            if uneven and (yield from self.drive(rank, schedule.leaving(passed))):
+                self._stopped(rank, (number, loop, -1))
+                return
+        if (yield from self.drive(rank, schedule.now(passed))):  # decide_now at the end of the run
+            self._stopped(rank, (len(rank.plan), "end", -1))
+        else:
+            assert schedule.state is not State.STOPPED
 
     @staticmethod
-    def _stopped(rank: Rank, sched: StopSchedule, vote: Vote, where: tuple[int, str, int]) -> bool:
-        """Give the vote to the schedule; record where the rank stopped, if it did."""
-        rank.decision = sched.voted(vote, 0.0, None)
-        assert (sched.state is State.STOPPED) == (rank.decision is not None), sched.state
-        if rank.decision is not None:
-            rank.where = where
-        return rank.decision is not None
+    def _stopped(rank: Rank, where: tuple[int, str, int]) -> None:
+        assert rank.schedule is not None
+        assert rank.schedule.state is State.STOPPED
+        rank.decision, rank.where = rank.schedule.decision, where
 
     def beat(self, rank: Rank) -> Iterator[None]:
-        """What heartbeat.py's thread does on one rank, until the job's last main generator has ended."""
-        while True:
-            reported = rank.book.report()
-            yield  # the thread reads the signal flag a moment after taking the boundary
-            values = (int(rank.signalled), reported, int(self.closing))
-            signalled, boundary, closing = yield from self.heartbeat.all_reduce(rank.rank, values)
-            rank.book.heard(bool(signalled), boundary)
-            if closing:
-                return
+        """The heartbeat's thread on one rank, until the job's last main generator has ended."""
+        assert rank.schedule is not None
+        while not (yield from self.drive(rank, rank.schedule.beat(rank.signalled, self.closing))):
             for _ in range(self.random.randrange(self.beats)):
                 yield
 
@@ -215,20 +223,35 @@ def _first_failure(seeds: int = 300) -> str | None:
 def test_the_simulation_catches_ranks_that_stop_at_different_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the re-sync of the boundary counts by the vote, ranks that left a loop of uneven length count
     differently, and some seed must stop them at different boundaries: the test above can fail."""
-    voted = StopSchedule.voted
-    monkeypatch.setattr(StopSchedule, "voted", lambda self, vote, now, received_at: voted(
-        self, dataclasses.replace(vote, boundary=self.boundary), now, received_at))
+    decided = StopSchedule._decided
+    monkeypatch.setattr(StopSchedule, "_decided",
+                        lambda self, vote: decided(self, dataclasses.replace(vote, boundary=self.boundary)))
     failure = _first_failure()
     assert failure is not None
-    assert "deadlock" not in failure
+    assert "stopped in different loops" in failure or "stopped at different boundaries" in failure, failure
+
+
+def test_the_simulation_catches_a_rank_left_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vote at the end of a run must be on every rank: with ranks that skip it when they have no signal of their
+    own, a rank signalled after the last named boundary waits in a vote that no peer makes: some seed must deadlock."""
+    now = StopSchedule.now
+
+    def now_if_signalled(self: StopSchedule, step: int | None) -> Sequence:
+        if not self._ballot().signum:
+            return False
+        return (yield from now(self, step))
+
+    monkeypatch.setattr(StopSchedule, "now", now_if_signalled)
+    failure = _first_failure()
+    assert failure is not None
+    assert "deadlock" in failure, failure
 
 
 def test_the_simulation_catches_a_rank_already_past_the_named_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no lead (a rank need not read a heartbeat's result before the boundary after the one it
-    reported), a rank can be past the boundary the heartbeat names when it learns of it: it asks for the
-    agreement one boundary after the others, and some seed must stop it a step after them (or leave it waiting
-    in an agreement that the others never make)."""
-    monkeypatch.setattr(schedule, "LEAD", 0)
+    """With no lead (a rank need not read a beat's result before the boundary after the one it reported), a rank
+    can be past the boundary the heartbeat names when it learns of it: it votes one boundary after the others,
+    and some seed must stop it a step after them (or leave it waiting in a vote that the others never make)."""
+    monkeypatch.setattr(decision, "LEAD", 0)
     failure = _first_failure()
     assert failure is not None
     assert "stopped in different loops" in failure or "stopped at different boundaries" in failure or \
@@ -236,9 +259,9 @@ def test_the_simulation_catches_a_rank_already_past_the_named_boundary(monkeypat
 
 
 def test_the_simulation_catches_a_rank_that_does_not_wait_for_the_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
-    """heartbeat.passing must wait for the result in flight before a rank passes the boundary it guards: a rank
-    that never waits can learn of the named boundary after passing it, and some seed must stop it a step late."""
-    monkeypatch.setattr(HeartbeatBook, "passing", lambda self, boundary: setattr(self, "boundary", boundary))
+    """A rank must wait for the beat in flight before it passes the boundary that beat guards: a rank that never
+    waits can learn of the named boundary after passing it, and some seed must stop it a step late."""
+    monkeypatch.setattr(decision, "Wait", lambda until: Wait(lambda: True))
     failure = _first_failure()
     assert failure is not None
     assert "stopped in different loops" in failure or "stopped at different boundaries" in failure, failure

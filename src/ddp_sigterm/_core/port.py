@@ -1,0 +1,141 @@
+"""The decision's collectives on real ranks: two gloo groups of the package's own, and the driver.
+
+Each collective is a small int64 MAX all-reduce on the CPU, on a group the runtime makes and destroys
+(:class:`ddp_sigterm._core.runtime.Runtime`), so it never syncs a GPU, never interleaves with training's
+collectives and has its own timeout. :class:`Driver` runs a :class:`StopSchedule`'s sequences
+(:mod:`ddp_sigterm._core.decision`): the main thread's at step boundaries, the heartbeat's in its thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ddp_sigterm._core.decision import Beat, Sequence, StopSchedule, Vote, Wait, combined
+
+
+class AgreementError(RuntimeError):
+    """The agreement could not complete; the message names the rank and step."""
+
+
+_LATEST = 1 << 40  # seconds since the epoch, beyond any notice: the MAX of (_LATEST - time) is the soonest time
+PAYLOAD_SIZE = 7
+"""The int64 all-reduced by one vote: one per field of :class:`Vote`."""
+
+
+class GlooPort:
+    """The agreement's group (votes, and the end of a stop's save) and the heartbeat's group, both of every rank of
+    the default group; without groups (a process alone), a vote is this rank's ballot."""
+
+    def __init__(self, rank: int, world_size: int, voting: dist.ProcessGroup | None = None,
+                 beating: dist.ProcessGroup | None = None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.voting, self.beating = voting, beating
+        self._ballot = torch.zeros(PAYLOAD_SIZE, dtype=torch.int64)
+        self._beat = torch.zeros(3, dtype=torch.int64)
+        self._held: object = None
+
+    def vote(self, mine: Vote, where: str) -> Vote:
+        """Contract: every rank votes at the same points in the same order, and all get :func:`combined` of
+        their ballots; a rank that fails or times out raises :class:`AgreementError` naming ``where``."""
+        if self.voting is None:
+            return combined([mine])
+        lowest = self.world_size - mine.signalled_rank if mine.signalled_rank is not None else 0
+        self._ballot[:] = torch.tensor([mine.signum, mine.anyone_in_loop, mine.requeue, mine.boundary, lowest,
+                                        mine.notice, _LATEST - mine.notice_at if mine.notice_at else 0])
+        self._all_reduce(where)
+        got = [int(value) for value in self._ballot]
+        return Vote(got[0], bool(got[1]), bool(got[2]), got[3], self.world_size - got[4] if got[4] else None,
+                    got[5], _LATEST - got[6] if got[6] else 0)
+
+    def lowest_failed_rank(self, succeeded: bool, where: str) -> int | None:
+        """After a step every rank takes in the stop (its save): the lowest rank on which it failed, or None,
+        the same on every rank; it is also the barrier that ends the step. Contract as for :meth:`vote`."""
+        if self.voting is None:
+            return None if succeeded else self.rank
+        self._ballot.zero_()
+        self._ballot[0] = 0 if succeeded else self.world_size - self.rank  # MAX picks the lowest failed rank
+        self._all_reduce(where)
+        failed = int(self._ballot[0])
+        return None if failed == 0 else self.world_size - failed
+
+    def _all_reduce(self, where: str) -> None:
+        try:
+            dist.all_reduce(self._ballot, op=dist.ReduceOp.MAX, group=self.voting)
+        except Exception as error:
+            raise AgreementError(f"ddp_sigterm: rank {self.rank} of {self.world_size}: the stop agreement at {where} "
+                                 f"failed: {error}") from error
+
+    def exchange(self, mine: Beat) -> Beat:
+        """One heartbeat among every rank. A failure (a peer gone or stuck: training's own collectives meet it too)
+        reads as the last beat, so the heartbeat's thread ends."""
+        self._beat[0], self._beat[1], self._beat[2] = int(mine.signalled), mine.boundary, int(mine.closing)
+        try:
+            work = dist.all_reduce(self._beat, op=dist.ReduceOp.MAX, group=self.beating, async_op=True)
+            work.wait()
+        except Exception:
+            return Beat(False, 0, True)
+        # Whoever frees a work last frees its hold on the tensor, which needs the GIL. Freed by gloo's own thread, that
+        # makes a Python thread state without the GIL, under the interpreter's lock of thread states: a DataLoader
+        # worker forked then inherits the lock taken and hangs (CPython < 3.11.10 and 3.12.0, gh-112275). Held
+        # until the next beat, the work is freed by this thread instead.
+        self._held = work
+        return Beat(bool(self._beat[0]), int(self._beat[1]), bool(self._beat[2]))
+
+
+class Driver:
+    """Runs a schedule's sequences against a :class:`GlooPort`. Each part of a sequence between two requests runs
+    under one lock, shared by the main thread and the heartbeat's; collectives and waits run outside it.
+    ``naming(what)``: a context that names what the main thread waits for (the stop deadline's message)."""
+
+    def __init__(self, schedule: StopSchedule, port: GlooPort,
+                 naming: Callable[[str], contextlib.AbstractContextManager[None]]) -> None:
+        self.schedule, self.port, self._naming = schedule, port, naming
+        self._lock = threading.Condition()
+
+    def run(self, sequence: Sequence) -> bool:
+        answer: Vote | Beat | None = None
+        while True:
+            with self._lock:
+                try:
+                    request = sequence.send(answer)
+                except StopIteration as end:
+                    self._lock.notify_all()
+                    return bool(end.value)
+                self._lock.notify_all()
+                if isinstance(request, Wait):
+                    self._lock.wait_for(request.until)
+                    answer = None
+                    continue
+                where = self.schedule.where
+            if isinstance(request, Beat):
+                answer = self.port.exchange(request)
+            else:
+                with self._naming(f"the stop agreement at {where}, which needs all {self.port.world_size} ranks"):
+                    answer = self.port.vote(request, where)
+
+
+class Heartbeat:
+    """The heartbeat's thread: a beat every ``period`` seconds until one carries "closing" (:meth:`end`, every
+    rank at the same point) or fails. ``signalled``: whether this rank has a stop signal."""
+
+    def __init__(self, driver: Driver, period: float, signalled: Callable[[], bool]) -> None:
+        self.driver, self.period, self._signalled = driver, period, signalled
+        self._closing = False
+        self._wake = threading.Event()
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        return self.driver.port.beating
+
+    def end(self) -> None:
+        self._closing = True
+        self._wake.set()
+
+    def beat(self) -> None:
+        while not self.driver.run(self.driver.schedule.beat(self._signalled(), self._closing)):
+            self._wake.wait(self.period)
