@@ -1,7 +1,8 @@
 """The canary: every private name of Lightning (and of torch) the package reaches is still there.
 
 Run on every release of the version matrix (make test-versions). A failure names the attribute, what
-the package uses it for, and the release: the place to look is ``src/ddp_sigterm/_lightning/internals.py``.
+the package uses it for, and the release: the place to look is ``src/ddp_sigterm/_lightning/internals.py`` (torch's:
+``runtime.TORCH_INTERNALS`` and ``torchelastic.AGENT_VARIABLES``).
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import os
 
 import pytest
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+import torch
 
+from ddp_sigterm._core import runtime, torchelastic
 from ddp_sigterm._lightning import internals
 
 # distribution -> (its Trainer package, its Fabric package, the package's integration module)
@@ -109,10 +112,20 @@ def test_the_sampler_wrapper_whose_order_a_resume_deals_is_there(distribution: s
         "the wrapper's places index the order it drew from the wrapped sampler"
 
 
-def test_the_dataloader_iterator_the_fork_hook_looks_for_is_there() -> None:
-    """process._forked_by_dataloader finds a DataLoader's fork by the code object of this constructor."""
-    assert callable(_MultiProcessingDataLoaderIter.__init__)
-    assert _MultiProcessingDataLoaderIter.__init__.__code__.co_name == "__init__"
+@pytest.mark.parametrize(("module", "name", "why"), runtime.TORCH_INTERNALS,
+                         ids=[name for _, name, _ in runtime.TORCH_INTERNALS])
+def test_every_torch_internal_the_package_reaches_is_there(module: str, name: str, why: str) -> None:
+    found: object = importlib.import_module(module)
+    for part in name.split("."):
+        assert hasattr(found, part), f"torch {torch.__version__}: {module}.{name} is gone ({why})"
+        found = getattr(found, part)
+    assert callable(found), f"{module}.{name} ({why})"
+
+
+@pytest.mark.parametrize("variable", sorted(torchelastic.AGENT_VARIABLES))
+def test_torchruns_agent_still_sets_the_variables_the_restart_warning_reads(variable: str) -> None:
+    module = importlib.import_module(torchelastic.AGENT_VARIABLES[variable])
+    assert variable in inspect.getsource(module), f"torch {torch.__version__}: {module.__name__} no longer sets it"
 
 
 @pytest.mark.parametrize("distribution", sorted(DISTRIBUTIONS))

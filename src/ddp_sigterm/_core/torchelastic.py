@@ -13,6 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+AGENT_VARIABLES = {"TORCHELASTIC_USE_AGENT_STORE": "torch.distributed.elastic.agent.server.local_elastic_agent",
+                   "TORCHELASTIC_MAX_RESTARTS": "torch.distributed.elastic.agent.server.local_elastic_agent"}
+"""The variables of torchrun's agent read below, and the module of torch that sets each (the canary checks it)."""
+
 FIX = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --rdzv-backend=c10d --rdzv-endpoint=<host:port> ... "
        "(or --standalone on one node)")
 

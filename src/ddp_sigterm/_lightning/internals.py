@@ -9,9 +9,8 @@ it; ``tests/test_internals.py`` (the canary, run on every release of ``make test
 naming it. Behaviour that depends on the release is gated on its version (:func:`at_least`), never on
 ``hasattr``.
 
-(The one private name of torch the package uses, ``_MultiProcessingDataLoaderIter.__init__``, stays
-with the code that needs it, ``_core/runtime.py``, which must not import Lightning; the canary checks
-it too.)
+(torch's private names stay with the code that needs them, listed in ``_core/runtime.py``'s ``TORCH_INTERNALS``,
+which must not import Lightning; the canary checks them too.)
 """
 
 from __future__ import annotations
