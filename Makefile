@@ -1,6 +1,8 @@
 # Set-up and checks. `make test` and `make demo` build .venv from scratch when it is missing.
-# PYTHON=... VENV=... build and use another interpreter's venv (.ci/run: the soak on Python 3.12).
-PYTHON ?= python3.11
+# Python 3.12 (tools/python.sh finds it on the PATH or under pyenv): this machine's 3.11.7 has CPython's fork bug
+# gh-112275, a DataLoader worker that can hang in fork() with or without the package, so a hang there proves nothing.
+# PYTHON=... VENV=... build and use another interpreter's venv (.ci/run: the 3.11 stage).
+PYTHON ?= $(shell bash tools/python.sh 3.12)
 VENV ?= .venv
 VENV_TORCH := .venv-torch
 VENV_PATCHED := .venv-patched
@@ -101,6 +103,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 SUPPORT := -e tests/support
 $(VENV)/.installed: pyproject.toml tests/support/pyproject.toml requirements/constraints.txt requirements/test.txt \
 		requirements/storage.txt requirements/loggers.txt
+	@test -n "$(PYTHON)" || { echo "error: no Python 3.12 here (tools/python.sh); or set PYTHON=..." >&2; exit 1; }
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build

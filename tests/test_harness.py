@@ -8,7 +8,7 @@ import os
 import sys
 
 import pytest
-from ddp_sigterm_tests.harness import STACKS, _ours, _start_time, cpython_fork_hang, supervise
+from ddp_sigterm_tests.harness import STACKS, _ours, _start_time, supervise
 from ddp_sigterm_tests.injection import Injection, encode, parse
 from ddp_sigterm_tests.scenario import Job, Scenario
 
@@ -62,18 +62,3 @@ def test_a_group_number_another_process_took_is_not_the_jobs() -> None:
     unused = next(pid for pid in range(2**22 - 1, 1, -1) if _start_time(pid) is None)
     assert _ours({me: started, unused: started - 1}) == {me, unused}  # ours; ended (its members may remain)
     assert _ours({me: started - 1}) == set()  # the number now leads a process started at another time
-
-
-def test_a_child_stuck_in_cpythons_fork_bug_is_told_from_other_hangs(tmp_path) -> None:
-    """What gdb showed of a DataLoader worker that hung in CPython's gh-112275 (abridged): a job that ran past its
-    timeout with such a child is excused as that bug; any other hang is not."""
-    stuck = ("===== pid 12858: gdb =====\n"
-             "#6  PyThread_acquire_lock_timed (lock=0x55b043fb62d0, intr_flag=0) at Python/thread_pthread.h:497\n"
-             "#8  _PyThreadState_DeleteExcept (runtime=0x7f7fa2b4e540 <_PyRuntime>) at Python/pystate.c:1163\n"
-             "#9  _PyEval_ReInitThreads (tstate=0x7f7fa2b76ef8 <_PyRuntime+166328>) at Python/ceval.c:488\n"
-             "#10 PyOS_AfterFork_Child () at ./Modules/posixmodule.c:607\n")
-    assert not cpython_fork_hang(tmp_path)  # no stacks: the job did not run past its timeout
-    (tmp_path / STACKS).write_text("===== pid 7: py-spy =====\nThread 7 (idle): \"MainThread\"\n    wait (x.py:3)\n")
-    assert not cpython_fork_hang(tmp_path)
-    (tmp_path / STACKS).write_text(stuck)
-    assert cpython_fork_hang(tmp_path)

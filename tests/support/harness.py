@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -245,11 +244,6 @@ def run_commands(out: Path, mode: str, world_size: int, commands: dict[str, tupl
                 _send(sig, procs, mode)
 
     run = supervise(out, commands, timeout, on_poll=send_due_signals, poll=poll, until_exited=until_exited)
-    if run.timed_out and "PYTEST_CURRENT_TEST" in os.environ and cpython_fork_hang(out):
-        import pytest  # the harness serves tools/soak.py too, which reports the hang itself
-
-        pytest.xfail(f"a DataLoader worker hung inside fork(), in CPython's bug gh-112275 (fixed in 3.11.10 and "
-                     f"3.12.0), not in what the test checks; the stacks: {out / STACKS}")
     return JobResult(mode, world_size, out, run.timed_out, run.returncodes, read_outcomes(out), run.logs,
                      run.elapsed, signals, run.exited_at)
 
@@ -499,15 +493,6 @@ def _write_stack(stacks: TextIO, pid: int, command: list[str], until: float) -> 
         return None
     stacks.write(f"===== pid {pid}: {Path(command[0]).name} =====\n{dumped.stdout}{dumped.stderr}\n")
     return dumped.returncode
-
-
-def cpython_fork_hang(out: Path) -> bool:
-    """Whether a process of a job that ran past its timeout was a child stuck in CPython's fork bug gh-112275
-    (fixed in 3.11.10 and 3.12.0): in ``PyOS_AfterFork_Child``, waiting for the lock of thread states that
-    another thread of its parent held at the fork (docs/reliability.md, tests/test_fork_safety.py)."""
-    stacks = out / STACKS
-    return stacks.exists() and re.search(r"_PyThreadState_DeleteExcept[\s\S]*?PyOS_AfterFork_Child",
-                                         stacks.read_text(errors="replace")) is not None
 
 
 def _tree(root: int) -> list[int]:
