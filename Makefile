@@ -225,7 +225,7 @@ test-extended: $(VENV)/.installed
 	$(VENV)/bin/python $(PYTEST) -m extended
 
 test-unit: $(VENV)/.installed
-	$(VENV)/bin/python -m pytest -ra -m "not scenario and not slurm"
+	$(VENV)/bin/python -m pytest -ra -n $(WORKERS) -m "not scenario and not slurm and not multinode and not versions and not extended"
 
 # Lightning's tests of the signal connector, callback connector, loops and auto-restart, with the package installed:
 # every test must end as it does on stock Lightning, but for the accepted differences listed in the script.

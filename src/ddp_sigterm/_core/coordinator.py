@@ -1,6 +1,4 @@
-"""The framework-agnostic core: ask ``should_stop()`` at every step boundary, on every rank.
-
-Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
+"""The user's object: ask ``should_stop()`` at every step boundary, on every rank (torch only)::
 
     stop = StopCoordinator()          # after init_process_group, at the same point on every rank
     stop.start()                      # installs the recording handlers
@@ -16,8 +14,8 @@ Needs torch only. A plain torch.distributed or Fabric loop uses it like this::
     finally:
         stop.close()
 
-Where and how often ranks agree is :mod:`ddp_sigterm._core.decision`'s; what the package does to the
-process is :mod:`ddp_sigterm._core.runtime`'s.
+Where and how often ranks agree is :mod:`~ddp_sigterm._core.decision`'s; what the package does to the process,
+:mod:`~ddp_sigterm._core.runtime`'s.
 """
 
 from __future__ import annotations
@@ -35,7 +33,8 @@ import torch.distributed as dist
 
 from ddp_sigterm._core import log, notices, torchelastic
 from ddp_sigterm._core.deadline import Deadline
-from ddp_sigterm._core.decision import Ballot, StopDecision, StopSchedule
+from ddp_sigterm._core.decision import Ballot, StopDecision, StopSchedule, where
+from ddp_sigterm._core.decision import Sequence as Steps
 from ddp_sigterm._core.port import Driver, GlooPort, Heartbeat
 from ddp_sigterm._core.runtime import GroupUnavailable, Runtime
 from ddp_sigterm._core.settings import Settings, resolve
@@ -48,12 +47,10 @@ class StopCoordinator:
     def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None,
                  distributed: bool = True, on_decided: Sequence[Callable[[StopDecision], None]] = (),
                  routed_signals: tuple[int, ...] = (), notice: notices.NoticeSettings | None = None) -> None:
-        """``requeue_signal``: a signal that also asks for the job to be requeued (SLURM's); it stops like the
-        others and sets ``decision.requeue`` on every rank. The ranks that agree are the default group's;
-        ``distributed=False``: this process alone, whatever ``torch.distributed`` says. ``on_decided``: called
-        in order with the decision at the agreed stop on every rank, before ``should_stop`` returns True.
-        ``routed_signals``: signals a framework hands ``integration.record`` itself (Lightning's connector).
-        ``notice``: the cloud notice watch's settings (by default from the environment)."""
+        """``requeue_signal`` (SLURM's) stops too and sets ``decision.requeue``. The ranks that agree are the default
+        group's; ``distributed=False``: this process alone. ``on_decided``: run on every rank at the agreed stop.
+        ``routed_signals``: those a framework hands ``integration.record`` itself. ``notice``: the cloud notice
+        watch's settings (default: from the environment)."""
         self._inner = IntegrationView(settings if settings is not None else Settings.resolve(), requeue_signal,
                                       distributed, on_decided, routed_signals,
                                       notice if notice is not None else resolve(notices.NoticeSettings))
@@ -64,10 +61,9 @@ class StopCoordinator:
         return self._inner
 
     def start(self, install_handlers: bool = True) -> None:
-        """Make the stop's gloo groups (a collective: every rank, same point), start the heartbeat and the stop
-        deadline and, unless the framework composes handlers itself, install the recording handlers. Switched
-        off (``DDP_SIGTERM=0``), it does none of it. If the groups cannot be made on every rank, it warns once
-        and steps aside on every rank: the coordinator never stops. Safe to call twice."""
+        """Every rank, same point (a collective): make the stop's gloo groups, start the heartbeat and the deadline,
+        install the recording handlers. Switched off, or if the groups cannot be made on every rank (it warns
+        once), it does none of it and never stops. Safe to call twice."""
         self._inner.start(install_handlers)
 
     def should_stop(self, step: int | None = None) -> bool:
@@ -84,11 +80,10 @@ class StopCoordinator:
         return self._inner.run(lambda schedule: schedule.now(step))
 
     def close(self, redeliver: bool = True) -> None:
-        """Every rank, same point: handlers back, the heartbeat and deadline ended, the groups destroyed; after
-        a run that did not stop, nothing of the package is left. After a stop among several ranks the process
-        is leaving: the stop signals are ignored until it exits, and the deadline keeps bounding the exit. With
-        ``redeliver``, a stop signal that came after the run's last agreement is raised again when its default
-        action is back and no exception is on its way out. Safe to call twice."""
+        """Every rank, same point: handlers back, threads ended, groups destroyed; a run that did not stop leaves
+        nothing. After a stop of several ranks the stop signals stay ignored and the deadline bounds the exit.
+        ``redeliver``: a signal after the run's last agreement is raised again where its default action is back
+        and no exception is on its way out. Safe to call twice."""
         self._inner.close(redeliver)
 
     @property
@@ -103,9 +98,8 @@ class StopCoordinator:
 
 
 class IntegrationView:
-    """The coordinator's working parts, for framework integrations (Lightning's connector routes signals to
-    :meth:`record`, the stop's save reports through :meth:`lowest_failed_rank`) and for the package's threads,
-    which call :meth:`noticed` and :meth:`waiting_for_now`; those take the lock."""
+    """The coordinator's working parts, for framework integrations and the stop's save; the package's threads call
+    :meth:`noticed` and :meth:`waiting_for_now`, which take the lock."""
 
     def __init__(self, settings: Settings, requeue_signal: int | None, distributed: bool,
                  on_decided: Sequence[Callable[[StopDecision], None]], routed_signals: tuple[int, ...],
@@ -122,7 +116,7 @@ class IntegrationView:
         self._activity: str | None = None
         self._notice: notices.Notice | None = None
         self.stepped_aside: str | None = None
-        self._began = False
+        self._began = self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, install_handlers: bool) -> None:
@@ -159,8 +153,7 @@ class IntegrationView:
                          ", ".join(signal.Signals(s).name for s in self.signals), peers)
 
     def _notice_watch(self) -> notices.NoticeWatch | None:
-        """The cloud notice's watch on local rank 0 of each node (``LOCAL_RANK``, or SLURM's ``SLURM_LOCALID``);
-        None where it is off, or ``auto`` finds no cloud."""
+        """The notice watch on local rank 0 of each node; None where it is off, or ``auto`` finds no cloud."""
         cloud = self.notice_settings.notice
         if cloud == "off" or os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
             return None
@@ -176,7 +169,7 @@ class IntegrationView:
         return notices.NoticeWatch(source, self.notice_settings.notice_period, self.noticed)
 
     def _step_aside(self, error: GroupUnavailable) -> None:
-        """No group to agree on (every rank got the same error): never stop; global rank 0 says so, once."""
+        """No groups (every rank got the same error): never stop; global rank 0 says so, once."""
         self.stepped_aside = str(error)
         if dist.get_rank() == 0:
             warnings.warn(f"ddp_sigterm steps aside for this run: {error}. A stop signal is handled as it would be "
@@ -187,6 +180,7 @@ class IntegrationView:
                           "DDP_SIGTERM_CONNECT_TIMEOUT if the group is only slow to form.", stacklevel=4)
 
     def close(self, redeliver: bool) -> None:
+        self._closed = True
         stopped, notice = self.schedule.decision is not None, self._noticed_now()
         if not stopped and notice is not None:  # no signal of the process's own: nothing to pass on
             log.logger.warning("rank %d: %s came after the run's last stop agreement: nothing was stopped", self.rank,
@@ -194,8 +188,7 @@ class IntegrationView:
         self._runtime.close(stopped, leaving=stopped and self.world_size > 1,
                             destroy_default_group=self.settings.destroy_at_exit,
                             redeliver=redeliver and notice is None)
-        # The heartbeat's thread reached the groups through the driver: dropping them now lets the groups go with
-        # the run, not with the interpreter's last garbage collection at exit.
+        # dropped now, the groups go with the run, not with the interpreter's last garbage collection
         self._driver, self._port = None, GlooPort(self.rank, self.world_size)
         log.logger.debug("rank %d: closed (%s)", self.rank, "after the agreed stop" if stopped else "no stop")
 
@@ -205,16 +198,15 @@ class IntegrationView:
         """Switched on, and not stepped aside at ``start``."""
         return self.settings.enabled and self.stepped_aside is None
 
-    def run(self, sequence: Callable[[StopSchedule], object]) -> bool:
-        """One of the schedule's sequences, on the driver; then, if it decided the stop, log it and run the
-        runtime's part (the deadline counts from now, the integration's actions)."""
+    def run(self, sequence: Callable[[StopSchedule], Steps]) -> bool:
+        """Run one of the schedule's sequences; at the agreed stop, log it and run the runtime's part."""
         if self.schedule.decision is not None:
             return True
-        if not self.acting:
+        if not self.acting or self._closed:
             return False
         if self._driver is None:
             raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
-        if not self._driver.run(sequence(self.schedule)):  # type: ignore[arg-type]
+        if not self._driver.run(sequence(self.schedule)):
             return False
         decision = self.agreed()
         with self._lock:
@@ -239,14 +231,13 @@ class IntegrationView:
                       notice.epoch_seconds if notice else 0)
 
     def _log(self, decision: StopDecision) -> None:
+        received = f"{self.stop_cause} received by rank {decision.signalled_rank}, not here"
         if decision.received_at is not None:
             since = f"{decision.decided_at - decision.received_at:.3f} s"
             if decision.boundaries_since_signal is not None:
                 since += f", {decision.boundaries_since_signal} step boundaries"
-            received = (f"{self.stop_cause} received here at {log.wall_clock(decision.received_at)} ({since} before "
-                        f"the agreement)")
-        else:
-            received = f"{self.stop_cause} received by rank {decision.signalled_rank}, not here"
+            received = f"{self.stop_cause} received here at {log.wall_clock(decision.received_at)} ({since} before " \
+                "the agreement)"
         log.logger.info("rank %d of %d: %s; every rank stops at %s", self.rank, self.world_size, received,
                         self.schedule.where)
 
@@ -259,12 +250,11 @@ class IntegrationView:
         return signal.Signals(decision.signum).name
 
     def lowest_failed_rank(self, succeeded: bool, what: str, step: int | None = None) -> int | None:
-        """After the agreed stop, on every rank at the same point (it is also the barrier that ends ``what``):
-        whether this rank's part of ``what`` succeeded; returns the lowest rank where it failed, or None."""
-        where = f"the end of {what} at step {step} (boundary {self.schedule.boundary})" if step is not None else \
-            f"the end of {what} at boundary {self.schedule.boundary}"
-        with self.waiting_for(f"{where}, which needs all {self.world_size} ranks"):
-            return self._port.lowest_failed_rank(succeeded, where)
+        """After the agreed stop, every rank, same point (the barrier that ends ``what``): whether this rank's part
+        succeeded; returns the lowest rank where it failed, or None, the same everywhere."""
+        end = f"the end of {what} at {where(step, self.schedule.boundary)}"
+        with self.waiting_for(f"{end}, which needs all {self.world_size} ranks"):
+            return self._port.lowest_failed_rank(succeeded, end)
 
     # -- what it records, and the threads' methods -------------------------------------------------
     def record(self, signum: int, frame: FrameType | None = None) -> None:
@@ -276,7 +266,7 @@ class IntegrationView:
         self._runtime.install_handlers()
 
     @property
-    def signals(self) -> tuple[int, ...]:
+    def signals(self) -> tuple[int, ...]:  # the one set: recorder, deadline, ignore after a stop, exit codes
         return self._recorder.signals
 
     @property

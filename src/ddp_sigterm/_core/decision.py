@@ -106,6 +106,11 @@ class StopDecision:
         return exit_codes.stopped(self.signum)
 
 
+def where(step: int | None, boundary: int) -> str:
+    """A place in the run, for messages: ``"step 7 (boundary 9)"``."""
+    return f"step {step} (boundary {boundary})" if step is not None else f"boundary {boundary}"
+
+
 class State(enum.Enum):
     COUNTING = "counting step boundaries"
     REQUESTED = "voting at every boundary from the one a beat named"
@@ -132,7 +137,7 @@ class StopSchedule:
 
     @property
     def where(self) -> str:
-        return f"step {self.step} (boundary {self.boundary})" if self.step is not None else f"boundary {self.boundary}"
+        return where(self.step, self.boundary)
 
     # -- the main thread ---------------------------------------------------------------------------
     def passing(self, step: int | None, signalled: bool) -> Sequence:
