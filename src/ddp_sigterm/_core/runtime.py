@@ -1,38 +1,10 @@
 """The runtime: the one owner of everything the package does to the process.
 
-A coordinator has one :class:`Runtime`; its :meth:`~Runtime.start` and :meth:`~Runtime.close`, each
-safe to call twice, are the only code of the package that
-
-* makes and destroys the package's gloo groups (:meth:`Runtime.make_groups`);
-* installs and restores signal handlers: the recording handler, chained to the one it replaces; SIG_IGN
-  for the stop signals while the process leaves after a stop; and raises again a stop signal that came
-  after the run's last agreement;
-* starts and joins the package's threads (the heartbeat's, the stop deadline's and the cloud notice
-  watch's: :class:`Heartbeat`, :class:`Deadline` and :class:`NoticeWatch` are their bodies and state,
-  nothing more) and sets the interpreter's wakeup fd;
-* registers the at-fork hook and the exit functions (below);
-* runs an integration's effects at the agreed stop (``on_stop``: retiring Lightning's launcher watch).
-
-What outlives one runtime is module state, here too:
-
-* **Forked children** (one at-fork hook, registered at the first use; it cannot be unregistered and
-  does nothing while nothing is registered): a child forked by a DataLoader while a recorder is active
-  blocks the stop signals (SLURM signals every process of a job step: a worker must neither act on the
-  signal nor die of it; a blocked signal stays pending and the worker still ends when its loader shuts
-  it down); every forked child forgets the stop deadline's descriptors, so that it cannot write into
-  its parent's watch.
-* **At exit**: DataLoader workers that block SIGTERM are killed (multiprocessing's exit function
-  would send them SIGTERM and wait forever), registered only while a recorder is active or such a
-  worker lives; after a stop of a multi-process run, the default gloo group is destroyed; a heartbeat
-  still running (the process exits without ``close()``) is ended first.
-
-The way out after a stop of several ranks, 128 + the signal, is kept by :meth:`Runtime.close` (the
-stop signals ignored until the process exits, the default gloo group destroyed at exit) and, in
-Lightning, by the two effects the Trainer integration names in ``_lightning/internals.py``: the
-handlers Lightning restores at teardown become SIG_IGN, and its launcher watch is retired.
-
-A run that gets no signal leaves nothing here once its runtime is closed, but the at-fork hook,
-which does nothing then.
+A coordinator's :class:`Runtime` makes and destroys the package's gloo groups, installs and restores the
+recording handlers, starts and joins its threads (heartbeat, deadline, notice watch), sets the wakeup fd,
+registers the at-fork hook and exit functions (:mod:`~ddp_sigterm._core.workers`), runs an integration's
+effects at the agreed stop, and keeps the way out after a stop: 128 + the signal. ``start`` and ``close``
+are each safe to call twice. docs/how-it-works.md (sections 6 and 7) tells what stays after a run and why.
 """
 
 from __future__ import annotations
@@ -40,8 +12,6 @@ from __future__ import annotations
 import atexit
 import datetime
 import math
-import multiprocessing
-import multiprocessing.util  # registers its exit function first, so that ours runs before it
 import os
 import signal
 import socket
@@ -52,9 +22,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 import torch.distributed as dist
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-from ddp_sigterm._core import log
+from ddp_sigterm._core import log, workers
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.decision import StopDecision
 from ddp_sigterm._core.notices import POLL_TIMEOUT, Notice, NoticeWatch
@@ -75,15 +44,13 @@ fails naming one that is gone."""
 
 
 class GroupUnavailable(RuntimeError):
-    """The stop's own gloo groups could not be made on every rank; raised on every rank alike, the
-    message names each rank that failed and why."""
+    """The stop's own gloo groups could not be made on every rank; raised on every rank, naming who failed."""
 
 
 class Runtime:
-    """The process-wide effects of one coordinator (see module): ``recorder``'s handlers for its signals
-    but ``routed`` (those a framework hands :meth:`SignalRecorder.record` itself), the threads, the wakeup
-    fd, the groups, and ``on_stop``, called in order with the decision at the agreed stop (an exception
-    propagates). :meth:`start` once, :meth:`close` once; either again does nothing."""
+    """The process-wide effects of one coordinator: ``recorder``'s handlers (but for the ``routed`` signals,
+    which a framework hands the recorder itself), threads, wakeup fd and groups; ``on_stop`` is called in
+    order with the decision at the agreed stop (an exception propagates)."""
 
     def __init__(self, recorder: SignalRecorder, routed: tuple[int, ...] = (),
                  on_stop: Sequence[Callable[[StopDecision], None]] = ()) -> None:
@@ -97,25 +64,21 @@ class Runtime:
         self._watch: tuple[NoticeWatch, threading.Thread] | None = None
         self._started = self._closed = False
 
-    # -- start ---------------------------------------------------------------------------------
     def make_groups(self, count: int, timeout_seconds: float, connect_seconds: float) -> list[dist.ProcessGroup]:
-        """``count`` gloo groups of every rank of the default group (:func:`_cpu_groups`: a collective, all
-        ranks get them or all raise :class:`GroupUnavailable`), destroyed by :meth:`close`."""
+        """:func:`_cpu_groups`, destroyed by :meth:`close`."""
         groups = _cpu_groups(count, timeout_seconds, connect_seconds)
         self._groups.extend(groups)
         return groups
 
     def start(self, handlers: bool, heartbeat: Heartbeat | None = None, deadline: Deadline | None = None,
               watch: NoticeWatch | None = None) -> None:
-        """DataLoader workers forked from now on block the stop signals; ``heartbeat``, ``deadline`` and
-        ``watch`` get their threads (the deadline only in the main thread: the wakeup fd can be set nowhere
-        else, and no signal handler runs elsewhere); with ``handlers``, the recording handler is installed
-        for every stop signal but the routed ones (main thread; a framework that registers its handlers
-        later calls :meth:`install_handlers` then)."""
+        """DataLoader workers forked from now on block the stop signals; the given bodies get their threads
+        (the deadline only in the main thread, the only one with a wakeup fd and signal handlers); with
+        ``handlers``, :meth:`install_handlers`."""
         if self._started:
             return
         self._started = True
-        _block_in_dataloader_workers(self.recorder.signals)
+        workers.block_in_dataloader_workers(self.recorder.signals)
         if heartbeat is not None:
             self._heartbeat = heartbeat, _thread(heartbeat.beat, "heartbeat")
             atexit.register(self._end_heartbeat_at_exit, os.getpid())
@@ -123,7 +86,7 @@ class Runtime:
             reader, writer = socket.socketpair()
             writer.setblocking(False)
             previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-            _close_in_forked_children(reader, writer)
+            workers.close_in_forked_children(reader, writer)
             deadline.listen(reader, writer, previous_fd)
             self._deadline = deadline, _thread(deadline.watch, "deadline")
         if watch is not None:
@@ -146,29 +109,23 @@ class Runtime:
         if chains_to(previous):
             previous(signum, frame)
 
-    # -- the stop ------------------------------------------------------------------------------
     def noticed(self, notice: Notice) -> None:
-        """A cloud's preemption notice came (the watch's thread): the deadline counts from now, as from a stop
-        signal, and ends no later than the notice's time."""
+        """A cloud's notice came (the watch's thread): the deadline counts from now, ending by the notice's time."""
         if self._deadline is not None:
             self._deadline[0].arm(time.monotonic(), notice.describe(), _seconds_to(notice.epoch_seconds))
 
     def stopped(self, decision: StopDecision, now: float) -> None:
-        """At the agreed stop: the deadline counts from ``now`` (and ends no later than a notice's time); the
-        integration's effects run."""
+        """At the agreed stop: the deadline counts from ``now`` (ending by a notice's time); ``on_stop`` runs."""
         if self._deadline is not None:
             self._deadline[0].arm(now, "the agreed stop", _seconds_to(decision.notice_at))
         for action in self._on_stop:
             action(decision)
 
     def close(self, stopped: bool, leaving: bool, destroy_default_group: bool, redeliver: bool) -> None:
-        """Put the handlers back; ``leaving`` (a stop among several ranks): ignore the stop signals until the
-        process exits and, with ``destroy_default_group``, destroy the default gloo group at exit
-        (:func:`_leave`). End the deadline's watch, unless ``stopped`` armed it: then it bounds the exit.
-        End the heartbeat on every rank (every rank closes at the same point) and destroy the groups. With
-        ``redeliver``, a stop signal recorded after the run's last agreement (``stopped`` False) is raised
-        again when nothing else would act on it: no exception on its way out, the main thread, and the
-        handler now back is the signal's default action."""
+        """Put the handlers back, end the threads (the deadline keeps counting if ``stopped`` armed it) and
+        destroy the groups; every rank closes at the same point. ``leaving`` (a stop among several ranks):
+        :func:`_leave`. ``redeliver``: a stop signal recorded after the last agreement is raised again if
+        nothing else would act on it (no exception on its way out, main thread, default action back)."""
         if self._closed:
             return
         self._closed = True
@@ -177,7 +134,7 @@ class Runtime:
         for signum, previous in self._previous.items():
             signal.signal(signum, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
-        _unblock_in_dataloader_workers(self.recorder.signals)
+        workers.unblock_in_dataloader_workers(self.recorder.signals)
         if leaving:
             _leave(self.recorder.signals, destroy_default_group)
         self._end_deadline(keep_armed=stopped)
@@ -196,13 +153,12 @@ class Runtime:
             signal.raise_signal(late)
 
     def _end_deadline(self, keep_armed: bool) -> None:
-        """Give the wakeup fd back and end the deadline's thread, unless ``keep_armed`` and armed: after a
-        stop the process is on its way out, and the bound holds until it is gone."""
+        """Give the wakeup fd back; end the thread unless ``keep_armed`` and armed: it then bounds the exit."""
         if self._deadline is None:
             return
         deadline, thread = self._deadline
         self._deadline = None
-        _keep_in_forked_children(*deadline.ends())
+        workers.keep_in_forked_children(*deadline.ends())
         main = threading.current_thread() is threading.main_thread()
         if main:
             signal.set_wakeup_fd(deadline.previous_fd)
@@ -211,40 +167,34 @@ class Runtime:
             thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
 
     def _end_watch(self) -> None:
-        """End the notice watch; its thread is out of its request within the request's timeout."""
         if self._watch is None:
             return
         watch, thread = self._watch
         self._watch = None
         watch.end()
-        thread.join(POLL_TIMEOUT + _CLOSE_SECONDS)
+        thread.join(POLL_TIMEOUT + _CLOSE_SECONDS)  # out of its request within the request's timeout
 
     def _end_heartbeat_at_exit(self, owner: int) -> None:
-        """The process exits without :meth:`close` (a rank ``ddp_spawn`` started: its ``fit`` runs without
-        Lightning's exception handling; a crash): end the heartbeat first. Its thread, inside a collective while
-        the interpreter finalizes, would abort the process ("terminate called without an active exception")
-        when it takes the GIL back. Not in a forked child, which has no such thread."""
+        """The process exits without :meth:`close` (a ``ddp_spawn`` rank, a crash): a heartbeat inside a
+        collective while the interpreter finalizes would abort it. Not in a forked child (no such thread)."""
         if os.getpid() == owner:
             self._end_heartbeat()
 
     def _end_heartbeat(self) -> dist.ProcessGroup | None:
-        """End the heartbeat and give its group back, waiting up to a period and :data:`_CLOSE_SECONDS` for
-        this rank's thread; it takes longer only when a peer stopped answering, and then the thread and its
-        group are left to the group's timeout. Returns the group left so, if any."""
+        """End the heartbeat, waiting a period and :data:`_CLOSE_SECONDS` for its thread, and give its group
+        back; a thread still waiting on a silent peer keeps it until the group's timeout. Returns the group."""
         if self._heartbeat is None:
             return None
         heartbeat, thread = self._heartbeat
         self._heartbeat = None
         heartbeat.end()
         thread.join(heartbeat.period + _CLOSE_SECONDS)
-        if thread.is_alive() or heartbeat.group is None:
-            return heartbeat.group
-        _release_group(heartbeat.group)
+        if not thread.is_alive() and heartbeat.group is not None:
+            _release_group(heartbeat.group)
         return heartbeat.group
 
 
 def _seconds_to(epoch_seconds: int) -> float:
-    """Seconds from now to a notice's time (0: none, no bound)."""
     return epoch_seconds - time.time() if epoch_seconds else math.inf
 
 
@@ -254,20 +204,11 @@ def _thread(target: Callable[[], None], name: str) -> threading.Thread:
     return thread
 
 
-# -- the package's gloo groups ---------------------------------------------------------------------
 def _cpu_groups(count: int, timeout_seconds: float, connect_seconds: float) -> list[dist.ProcessGroup]:
-    """``count`` new gloo groups of every rank of the default group, each given ``connect_seconds`` to
-    connect, then ``timeout_seconds`` for every collective; the runtime gives each back.
-
-    Contract: every rank calls it at the same point; all of them return the groups, or all raise
-    :class:`GroupUnavailable`. Gloo may fail to connect where the training's own group works (an NCCL
-    job whose nodes' host names resolve to a loopback address, a second interface; docs/multi-node.md),
-    and one rank may fail at once while a peer waits out the connection timeout (Gloo waits for its
-    peers in turn: 5 x ``connect_seconds`` measured with 4 ranks). So after each group the ranks tell
-    each other over the default group, which works if training does, and all of them stop at the first
-    group that failed anywhere: every rank makes as many groups as the others, so the names torch gives
-    later groups stay the same on every rank.
-    """
+    """``count`` new gloo groups of every rank, each given ``connect_seconds`` to connect, then ``timeout_seconds``
+    per collective. Contract: every rank calls it at the same point; all return the groups or all raise
+    :class:`GroupUnavailable`. After each group the ranks tell each other over the default group, and all stop
+    at the first that failed anywhere, so later groups get the same names everywhere (docs/multi-node.md)."""
     # torch < 2.3 cannot change a group's timeout once made: there the groups connect within timeout_seconds
     set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # in TORCH_INTERNALS
     connect = datetime.timedelta(seconds=connect_seconds if set_timeout is not None else timeout_seconds)
@@ -292,135 +233,28 @@ def _cpu_groups(count: int, timeout_seconds: float, connect_seconds: float) -> l
 
 
 def _release_group(group: dist.ProcessGroup) -> None:
-    """Destroy a group of :func:`_cpu_groups` (every rank, same point)."""
     if dist.is_initialized():
         dist.destroy_process_group(group)
 
 
-# -- forked children -------------------------------------------------------------------------------
-_blocked_in_workers: set[int] = set()  # the stop signals a DataLoader worker forked now blocks
-_closed_in_children: set[socket.socket] = set()  # the deadline's ends of its wakeup socket pair
-_fork_hook_registered = False
-
-
-def _register_fork_hook() -> None:
-    global _fork_hook_registered
-    if not _fork_hook_registered:
-        os.register_at_fork(after_in_child=_in_forked_child)
-        _fork_hook_registered = True
-
-
-def _in_forked_child() -> None:
-    if _blocked_in_workers and _forked_by_dataloader():
-        signal.pthread_sigmask(signal.SIG_BLOCK, _blocked_in_workers)
-    _blocked_in_workers.clear()
-    if _closed_in_children:
-        signal.set_wakeup_fd(-1)
-        for end in _closed_in_children:
-            end.close()
-        _closed_in_children.clear()
-
-
-def _forked_by_dataloader() -> bool:
-    """The child inherits the stack of the fork: a DataLoader forks its workers while creating its
-    iterator. (If torch ever moves that, workers lose the protection; nothing else changes.)"""
-    frame: FrameType | None = sys._getframe()
-    while frame is not None:
-        if frame.f_code is _MultiProcessingDataLoaderIter.__init__.__code__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _block_in_dataloader_workers(signals: tuple[int, ...]) -> None:
-    """From now on, DataLoader workers forked by this process block ``signals`` (other forked children
-    keep them unblocked, as they would without the package); their exit is seen to (see module)."""
-    _register_fork_hook()
-    _blocked_in_workers.update(signals)
-    # after multiprocessing's own exit function, so that it runs first (at most once, however often called)
-    atexit.unregister(_end_blocking_workers)
-    atexit.register(_end_blocking_workers)
-
-
-def _unblock_in_dataloader_workers(signals: tuple[int, ...]) -> None:
-    """Undo :func:`_block_in_dataloader_workers` for ``signals``; the exit function goes once nothing
-    needs it."""
-    _blocked_in_workers.difference_update(signals)
-    if not _blocked_in_workers and not _blocking_workers():
-        atexit.unregister(_end_blocking_workers)
-
-
-def _close_in_forked_children(*ends: socket.socket) -> None:
-    """A child forked while ``ends`` are open closes them and clears its wakeup fd (the deadline's)."""
-    _register_fork_hook()
-    _closed_in_children.update(ends)
-
-
-def _keep_in_forked_children(*ends: socket.socket) -> None:
-    """Undo :func:`_close_in_forked_children`."""
-    _closed_in_children.difference_update(ends)
-
-
-def _end_blocking_workers() -> None:
-    """multiprocessing's exit function sends SIGTERM to daemonic children and joins them: a worker
-    that blocks SIGTERM would keep this process from exiting. (Linux: the mask is read from /proc.)"""
-    workers = _blocking_workers()
-    if workers and threading.current_thread() is threading.main_thread():
-        # torch's SIGCHLD handler raises for a worker ended by a signal: here that is this kill, and the
-        # exception would cut the loop short, leaving a worker that multiprocessing then waits for forever
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for child in workers:
-        child.kill()
-
-
-def _blocking_workers() -> list[multiprocessing.process.BaseProcess]:
-    return [child for child in multiprocessing.active_children()
-            if child.daemon and child.pid is not None and signal.SIGTERM in _blocked_signals(child.pid)]
-
-
-def _blocked_signals(pid: int) -> set[int]:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("SigBlk:"):
-                    mask = int(line.split()[1], 16)
-                    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
-    except OSError:  # gone already, or no /proc
-        pass
-    return set()
-
-
-# -- leaving after a stop --------------------------------------------------------------------------
-_destroy_registered_by: int | None = None
+_destroy_registered_by: int | None = None  # the process that registered _destroy_default_group
 
 
 def _leave(signals: tuple[int, ...], destroy_default_group: bool) -> None:
-    """After the agreed stop of a multi-process run the process is on its way out with 128 + signal.
-
-    A later stop signal (torchrun sends SIGTERM to the ranks still running when the first one exits)
-    must not turn that into death by the signal: ``signals`` are ignored from here on. SIG_IGN, not a
-    Python handler: the interpreter resets Python handlers to SIG_DFL while it finalizes, and the exit
-    of a torch process takes tens of milliseconds after that; the stop deadline still bounds the exit.
-    Main thread only (elsewhere that part is a no-op). With ``destroy_default_group``, the default
-    process group is destroyed at exit if it is a gloo group (``Settings.destroy_at_exit``)."""
+    """After the agreed stop of a multi-process run, keep the exit 128 + signal: ``signals`` are ignored from
+    here on (main thread only; SIG_IGN, as the interpreter resets Python handlers while it finalizes: see
+    docs/reliability.md). With ``destroy_default_group``, a gloo default group is destroyed at exit."""
+    global _destroy_registered_by
     if threading.current_thread() is threading.main_thread():
         for signum in signals:
             signal.signal(signum, signal.SIG_IGN)
-    if destroy_default_group:
-        _destroy_default_group_at_exit()
-
-
-def _destroy_default_group_at_exit() -> None:
-    """Registered once per process (a forked child does not run its parent's registration). Only gloo:
-    its group alive at exit is what aborts the interpreter, and destroying an NCCL group after a peer
-    crashed can wait for that peer (Lightning registers its own exit handler for NCCL)."""
-    global _destroy_registered_by
-    if _destroy_registered_by == os.getpid():
-        return
-    _destroy_registered_by = os.getpid()
-    atexit.register(_destroy_default_group, os.getpid())
+    if destroy_default_group and _destroy_registered_by != os.getpid():
+        _destroy_registered_by = os.getpid()
+        atexit.register(_destroy_default_group, os.getpid())
 
 
 def _destroy_default_group(owner: int) -> None:
+    """Only gloo: its group alive at exit aborts the interpreter, while destroying an NCCL group after a peer
+    crashed can wait for that peer (Lightning has its own exit handler for NCCL)."""
     if os.getpid() == owner and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
         dist.destroy_process_group()
