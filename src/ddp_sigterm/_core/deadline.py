@@ -1,17 +1,10 @@
 """The stop deadline: a stop that cannot complete still ends the process, within a bound.
 
-A rank that gets the signal may be blocked inside a collective that waits for a peer which is
-stopped (SIGSTOP, a hung node) or gone. A Python signal handler runs only when that call returns,
-which with a stuck peer is the process-group timeout (30 minutes by default). So the bound is kept by
-a thread of its own, woken through the interpreter's wakeup file descriptor: CPython's C-level
-handler writes the signal number there the moment the signal arrives, whatever the main thread is
-doing. From the first stop signal (or, on a rank that was not signalled, from the agreed stop) the
-process has ``stop_deadline`` seconds to exit, or less where a cloud's preemption notice gives a sooner
-time (:mod:`ddp_sigterm._core.notices`). Past it, or at the third stop request (signals
-less than a second apart count as one), the thread writes what the main thread was waiting for, and
-every thread's stack, to stderr and ends the process with ``os._exit(201)``: no clean-up that could
-block again; the kernel closes the process's connections, which its peers see as an error instead of
-a silence.
+A rank blocked in a collective on a stopped or gone peer runs no Python handler until the call returns, so a
+thread of its own, woken through the interpreter's wakeup fd, counts ``stop_deadline`` from the first stop
+signal (or the agreed stop, or sooner by a cloud notice's time). Past it, or at the third stop request, it
+writes what the main thread waited for and every thread's stack to stderr and calls ``os._exit(201)``: no
+clean-up that could block again (docs/how-it-works.md, section 5; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -29,26 +22,18 @@ from collections.abc import Callable
 from ddp_sigterm._core import exit_codes
 
 ESCALATION_REQUESTS = 3
-"""The stop request that ends the process at once: a second one is ignored, the third means "now"."""
+"""The stop request that ends the process at once: the second is ignored, the third means "now"."""
 
 SAME_REQUEST_SECONDS = 1.0
-"""Stop signals less than this apart count as one request: a scheduler and a launcher often deliver
-the same request twice within milliseconds (SLURM signals every process; torchrun forwards to its
-workers)."""
+"""Stop signals less than this apart count as one request (SLURM and torchrun often deliver one twice)."""
 
 _WAKE = b"\0"  # written by this module to make the thread look again; never a signal number
 
 
 class Deadline:
-    """The body and state of the thread that watches for stop signals and ends the process if the stop
-    overruns; the runtime starts it (:meth:`ddp_sigterm._core.runtime.Runtime.start`) and hands it the
-    wakeup fd's socket pair (:meth:`listen`).
-
-    ``who`` names the process in messages ("rank 1 of 2"); ``activity`` is called from the watching
-    thread to name what the main thread is waiting for, so it must only read attributes. The wakeup
-    fd is per process and can only be set from the main thread: started from another thread (where
-    no signal handler runs either, e.g. a training function run in a thread), it does not watch.
-    """
+    """The body and state of the thread that ends the process if the stop overruns; the runtime starts it
+    and hands it the wakeup fd's socket pair. ``who`` names the process ("rank 1 of 2"); ``activity``, called
+    from the watching thread, names what the main thread waits for, so it must only read attributes."""
 
     def __init__(self, seconds: float, signals: tuple[int, ...], who: str, activity: Callable[[], str]) -> None:
         self.seconds = seconds
@@ -65,16 +50,15 @@ class Deadline:
         self._closing = False
 
     def listen(self, reader: socket.socket, writer: socket.socket, previous_fd: int) -> None:
-        """The wakeup fd's socket pair (the interpreter writes each signal's number to ``writer``), and
-        the wakeup fd it replaced, to which each signal is passed on."""
+        """The wakeup fd's socket pair, and the wakeup fd it replaced, to which each signal is passed on."""
         self._reader, self._writer, self.previous_fd = reader, writer, previous_fd
 
     def ends(self) -> tuple[socket.socket, ...]:
         return tuple(end for end in (self._reader, self._writer) if end is not None)
 
     def arm(self, since: float, why: str, within: float = math.inf) -> None:
-        """Start the countdown at ``since`` (``time.monotonic()``) unless something already did; ``within``:
-        seconds from ``since`` to an end that ``why`` gives (a notice's time), if sooner than ``seconds``."""
+        """Start the countdown at ``since`` (monotonic) unless already started; ``within``: seconds to an end
+        that ``why`` gives (a notice's time), if sooner than ``seconds``."""
         if self.armed_at is None:
             self.armed_at, self._why = since, why
             if within < self.seconds:
@@ -90,15 +74,11 @@ class Deadline:
             self._writer.close()
             self._writer = None
 
-    # -- the watching thread -------------------------------------------------------------------
     def _wake(self) -> None:
         if self._writer is not None:
-            try:
+            # BlockingIOError: the buffer is full of unread wake-ups; OSError: closed, the thread was told to end
+            with contextlib.suppress(OSError):
                 self._writer.send(_WAKE)
-            except BlockingIOError:  # the buffer is full of unread wake-ups: the thread will look anyway
-                pass
-            except OSError:  # closed by close(): the thread has been told to stop
-                pass
 
     def watch(self) -> None:
         """The thread's body: from :meth:`listen` until :meth:`end`, or until it ends the process."""
@@ -107,15 +87,11 @@ class Deadline:
             raise RuntimeError("ddp_sigterm: Deadline.listen() before watch()")
         while not self._closing:
             timeout = None
-            if self.armed_at is not None:
-                if math.isinf(self.bound):
-                    timeout = None
-                else:
-                    timeout = self.armed_at + self.bound - time.monotonic()
-                    if timeout <= 0:
-                        limit = f"stop_deadline={self.seconds:g} s" if self.bound == self.seconds else \
-                            f"{self.bound:.1f} s"
-                        self._give_up(f"the stop did not complete within {limit} of {self._why}")
+            if self.armed_at is not None and not math.isinf(self.bound):
+                timeout = self.armed_at + self.bound - time.monotonic()
+                if timeout <= 0:
+                    limit = f"stop_deadline={self.seconds:g} s" if self.bound == self.seconds else f"{self.bound:.1f} s"
+                    self._give_up(f"the stop did not complete within {limit} of {self._why}")
             readable, _, _ = select.select([reader], [], [], timeout)
             if readable:
                 self._received(reader.recv(256))
