@@ -1,8 +1,8 @@
-"""Settings: each component's validated dataclass, overridden by ``DDP_SIGTERM_<FIELD>`` environment variables.
+"""Settings: validated dataclasses, overridden by ``DDP_SIGTERM_<FIELD>`` environment variables.
 
-Precedence, lowest to highest: the field defaults, the arguments given in code, the environment (an operator
-changes a job without editing its script). This module has the machinery and the core's :class:`Settings`;
-the notice watch's are ``notices.NoticeSettings``, the Trainer's ``_lightning.settings.TrainerSettings``.
+Precedence, lowest to highest: field defaults, arguments in code, the environment (docs/configuration.md).
+Here: the machinery and the core's :class:`Settings`; also read so are ``notices.NoticeSettings`` and
+``_lightning.settings.TrainerSettings``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class SettingsError(ValueError):
 
 
 def signal_number(name: str | int | signal.Signals) -> int:
-    """Return the number of a signal given as ``"SIGTERM"``, ``"TERM"``, ``15`` or ``signal.SIGTERM``."""
+    """The number of a signal given as ``"SIGTERM"``, ``"TERM"``, ``15`` or ``signal.SIGTERM``."""
     if isinstance(name, int):
         try:
             return int(signal.Signals(name))
@@ -47,20 +47,17 @@ def signal_number(name: str | int | signal.Signals) -> int:
         ) from None
 
 
-_SETTINGS: list[type[Any]] = []  # every settings dataclass read from DDP_SIGTERM_<FIELD> (see read_from_environment)
+_SETTINGS: list[type[Any]] = []  # every settings dataclass read from DDP_SIGTERM_<FIELD>
 
 
 def read_from_environment(cls: type[T]) -> type[T]:
-    """A class decorator: the dataclass's fields are read from ``DDP_SIGTERM_<FIELD>`` (:func:`resolve`), and
-    their variables are known to the check for misspelt ones. The core's :class:`Settings` is one; an
-    integration's own settings (the Trainer's) are another."""
+    """Class decorator: the dataclass's ``DDP_SIGTERM_<FIELD>`` variables are known to the check for misspelt ones."""
     _SETTINGS.append(cls)
     return cls
 
 
 def resolve(cls: type[T], environ: Mapping[str, str] | None = None, **given: Any) -> T:
-    """Build ``cls`` from ``given`` (code) overridden by the environment; a bad value raises
-    :class:`SettingsError` naming the variable."""
+    """``cls`` from ``given`` (code) overridden by the environment; a bad value raises :class:`SettingsError`."""
     environ = os.environ if environ is None else environ
     values = dict(given)
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
@@ -86,51 +83,36 @@ def check_seconds(settings: object, *names: str) -> None:
 @read_from_environment
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """How the stop is detected and agreed. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
+    """How the stop is detected and agreed; every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
 
     enabled: bool = True
-    """Master switch. ``DDP_SIGTERM=0`` (note: no suffix) turns the package off: stock behaviour."""
+    """Master switch. ``DDP_SIGTERM=0`` (no suffix) turns the package off: stock behaviour."""
 
     signals: tuple[str, ...] = ("SIGTERM",)
-    """Signals that request a stop. Environment: comma-separated names, e.g. ``SIGTERM,SIGUSR2``.
-    SIGKILL and SIGSTOP cannot be caught and are rejected."""
+    """Signals that request a stop; environment: comma-separated, e.g. ``SIGTERM,SIGUSR2``. Not SIGKILL/SIGSTOP."""
 
     max_delay: float = 1.0
-    """Upper bound, in seconds, on the time between the first signal on any rank and the agreed stop
-    when steps are shorter than half of it; in general the stop comes within ``max_delay / 2`` plus one
-    step, so within ``max(max_delay, 2 steps)``. The heartbeat's period is ``max_delay / 2``: a small
-    all-reduce on a thread of its own, on a gloo group of its own (see docs/how-it-works.md)."""
+    """Seconds: a stop is agreed within ``max_delay / 2`` plus one step of the first signal on any rank, so
+    within ``max(max_delay, 2 steps)``; the heartbeat runs every ``max_delay / 2``."""
 
     agreement_timeout: float = 600.0
-    """Seconds one agreement may wait for the slowest rank before it fails with an error naming the
-    rank and step. It bounds skew between ranks, not the step time."""
+    """Seconds one agreement may wait for the slowest rank (skew, not step time) before it fails, naming both."""
 
     connect_timeout: float = 30.0
-    """Seconds Gloo may wait for each connection of the package's own groups at the start of a
-    multi-process run. If a group cannot be made on every rank (Gloo picked an interface the other
-    nodes cannot reach: see docs/multi-node.md), the package warns once and steps aside for the run, on
-    every rank: the run goes on as it would without it. Gloo waits for its peers in turn, so a rank
-    that nobody reaches gives up after a few times this (5 times with 4 ranks, measured). A run whose
-    groups connect never waits for it."""
+    """Seconds Gloo may wait for each connection of the package's own groups at start-up; if one cannot be made
+    on every rank, the package warns once and steps aside for the run (docs/multi-node.md)."""
 
     stop_deadline: float = 25.0
-    """Seconds from the first stop signal (on a rank that was not signalled: from the agreed stop)
-    within which the process of a multi-process run must have exited (a process alone has no peer to
-    wait for, and keeps no deadline). Past it the stop is abandoned: the process prints what
-    it was waiting for and exits with code 201 at once, even from inside a collective that waits for a
-    stopped or dead peer. The default stays under the common 30 s grace period (Kubernetes, SLURM's
-    KillWait) that ends in SIGKILL; raise both for saves that take longer. ``inf`` turns it off."""
+    """Seconds from the first stop signal (or the agreed stop) within which a multi-process run's process must
+    have exited; past it, it says what it waited for and exits 201 at once. Under the common 30 s grace
+    period; ``inf`` turns it off."""
 
     destroy_at_exit: bool = True
-    """After an agreed stop of a multi-process run, destroy the default (gloo) process group when the
-    process exits: a gloo group still alive at interpreter exit sometimes aborts the process
-    ("terminate called without an active exception", exit code -6), hiding the stop's exit code. A run
-    that gets no signal is left as stock leaves it (the package's own groups are always destroyed)."""
+    """After an agreed stop of a multi-process run, destroy the default gloo group at exit: one still alive
+    sometimes aborts the process (-6), hiding the stop's exit code."""
 
     log_level: str = "INFO"
-    """Level of the ``ddp_sigterm`` logger (``DEBUG``, ``INFO``, ``WARNING``, ...). At INFO every rank
-    logs a stop: the signal, the rank that received it and when, the agreed step, the checkpoint and
-    how long saving it took; a run that gets no signal logs nothing."""
+    """Level of the ``ddp_sigterm`` logger. At INFO every rank logs a stop, and a run without one nothing."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -162,10 +144,8 @@ class Settings:
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Settings:
-        """Build settings from ``given`` (code) overridden by the environment; bad values raise
-        :class:`SettingsError` naming the variable. An unknown ``DDP_SIGTERM_*`` variable (a typo) is
-        a warning here: a process the package never acts on (a one-device Trainer) must not fail for
-        it. Where it acts, :meth:`check_environment` makes it an error."""
+        """:func:`resolve`; an unknown ``DDP_SIGTERM_*`` variable is only a warning here, since a process the
+        package never acts on must not fail for it (:meth:`check_environment` makes it an error)."""
         environ = os.environ if environ is None else environ
         unknown = _unknown_variables(environ)
         if unknown:
@@ -174,9 +154,8 @@ class Settings:
 
     @staticmethod
     def check_environment(environ: Mapping[str, str] | None = None) -> None:
-        """Raise :class:`SettingsError` if the environment has a ``DDP_SIGTERM_*`` variable no setting
-        has: called where the package is about to act on a multi-process run, where a misspelt
-        ``DDP_SIGTERM_STOP_DEADLINE`` would silently leave the default in force."""
+        """Raise :class:`SettingsError` for a ``DDP_SIGTERM_*`` variable no setting has (a typo would silently
+        leave a default in force): called where the package is about to act on a multi-process run."""
         unknown = _unknown_variables(os.environ if environ is None else environ)
         if unknown:
             raise SettingsError(unknown)
@@ -187,7 +166,7 @@ def _variable(field: str) -> str:
 
 
 def _unknown_variables(environ: Mapping[str, str]) -> str | None:
-    """The message naming the unknown ``DDP_SIGTERM_*`` variables of ``environ``, None if there are none."""
+    """The message naming the unknown ``DDP_SIGTERM_*`` variables, None if there are none."""
     known = {_variable(field.name) for cls in _SETTINGS for field in dataclasses.fields(cls)}
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in known)
     if not unknown:
@@ -198,19 +177,13 @@ def _unknown_variables(environ: Mapping[str, str]) -> str | None:
 def _parse(var: str, raw: str, kind: Any) -> Any:
     text = raw.strip()
     if kind in (bool, "bool"):
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
+        if text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
         raise SettingsError(f"{var}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
-    if kind in (int, "int"):
-        try:
-            return int(text)
-        except ValueError:
-            raise SettingsError(f"{var}={raw!r}: expected a whole number") from None
-    if kind in (float, "float"):
-        try:
-            return float(text)
-        except ValueError:
-            raise SettingsError(f"{var}={raw!r}: expected a number") from None
+    for number, expected in ((int, "a whole number"), (float, "a number")):
+        if kind in (number, number.__name__):
+            try:
+                return number(text)
+            except ValueError:
+                raise SettingsError(f"{var}={raw!r}: expected {expected}") from None
     return text
