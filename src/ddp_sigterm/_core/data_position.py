@@ -1,6 +1,5 @@
-"""A training loader's place in its epoch, for a loop of one's own (Fabric, torch.distributed), across a stop and a
-resume on the same number of ranks or another: what the Trainer gets by itself (docs/trainer.md), as an object the
-loop puts in its checkpoint's state. docs/fabric.md shows the loop.
+"""A training loader's place in its epoch across a stop and a resume, for a loop of one's own (Fabric,
+torch.distributed): what the Trainer gets by itself, as an object for the checkpoint (docs/fabric.md).
 """
 
 from __future__ import annotations
@@ -16,15 +15,9 @@ from ddp_sigterm._core.log import logger
 
 
 class DataPosition:
-    """Where ``loader`` stands in its epoch. Put it in the checkpoint's state in the loader's place (``fabric.save``
-    and ``fabric.load``, or ``torch.save(position.state_dict())``, take it as any object with ``state_dict``) and
-    iterate each epoch through :meth:`epoch`.
-
-    Saved, it holds the loader's own position (torchdata's ``StatefulDataLoader`` has one) and, where the loader's
-    sampler is a ``DistributedSampler``, the epoch's global order and how much of it every rank trained. Loaded, the
-    next :meth:`epoch` of the stopped epoch goes on from there: on as many ranks, with the batches the stopped run
-    would have had; on another number, with each sample the epoch has not trained yet, once, dealt out evenly (global
-    rank 0 says so). Where that cannot be done, global rank 0 says why and the epoch starts over."""
+    """Where ``loader`` stands in its epoch: put it in the checkpoint's state in the loader's place and iterate
+    each epoch through :meth:`epoch`. Loaded, the stopped epoch goes on where it stopped, on as many ranks or
+    another number; where it cannot, global rank 0 says why and the epoch starts over."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
@@ -33,8 +26,7 @@ class DataPosition:
         self._loaded: dict[str, Any] | None = None  # until the next epoch begins
 
     def epoch(self, epoch: int) -> Iterator[Any]:
-        """The batches of ``epoch`` (the loader's sampler told the epoch first), or of what is left of it after a
-        load of a position inside it."""
+        """The batches of ``epoch`` (its sampler told the epoch first), or of what is left of it after a load."""
         batch_sampler = getattr(self.loader, "batch_sampler", None)
         own = epoch_order.own_sampler(batch_sampler)
         if batch_sampler is not None:
@@ -51,7 +43,6 @@ class DataPosition:
             yield batch
 
     def _go_on(self, loaded: dict[str, Any], epoch: int) -> None:
-        """Start ``epoch`` where the loaded position left it."""
         entry, before = loaded["place"], loaded["world_size"]
         batch_sampler = getattr(self.loader, "batch_sampler", None)
         own = getattr(batch_sampler, "sampler", None)
@@ -83,7 +74,6 @@ class DataPosition:
             _on_rank_0(epoch_order.dealt_message(dealing))
 
     def _start_over(self, epoch: int, before: int, now: int, why: str) -> None:
-        """The loader is not given its saved position: the epoch's first batch next."""
         self._batches = 0
         _on_rank_0(f"ddp_sigterm: the training loader's place in epoch {epoch} cannot be carried from {before} ranks "
                    f"to {now} ({why}): the epoch starts over")
@@ -104,8 +94,7 @@ class DataPosition:
                 "batch_size": size if isinstance(size, int) else 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Keep ``state`` for the next :meth:`epoch`, which goes on from it (and gives the loader its own position
-        back, where it continues from it)."""
+        """Keep ``state`` for the next :meth:`epoch`, which goes on from it."""
         if not epoch_order.has_state(self.loader):
             state = {**state, "loader": None}  # saved from a loader with a position, given to one without
         self._loaded = state
@@ -116,6 +105,6 @@ def _world_size() -> int:
 
 
 def _on_rank_0(message: str) -> None:
-    """Said once, by global rank 0, at WARNING: the loop may not have started a coordinator (which sets the level)."""
+    """At WARNING, by global rank 0: the loop may not have started a coordinator (which sets the level)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
         logger.warning(message)

@@ -1,11 +1,8 @@
 """Where a stop left the training data in its epoch, and the rest of that epoch on any number of ranks.
 
-A distributed sampler deals an epoch's global order out to the ranks: place ``i`` of it to rank ``i % W`` (torch's
-DistributedSampler pads the order to a multiple of ``W`` with its first samples, or cuts it). A stop is agreed at
-the same batch on every rank, so what the job trained of the stopped epoch is a prefix of that order.
-:class:`EpochPosition` records the order and the prefix; :meth:`EpochPosition.rest` is the order of what is left:
-on the same number of ranks, the stopped run's own; on another, each sample not trained yet, once.
-:class:`RestOfEpoch` deals it out on the resumed run, for that one epoch. Pure: torch only, no process group.
+A distributed sampler deals place ``i`` of an epoch's global order to rank ``i % W``, and a stop is agreed at
+the same batch everywhere, so what was trained is a prefix of that order. :class:`EpochPosition` records both;
+:class:`RestOfEpoch` deals the rest on the resumed run (docs/trainer.md). Pure: torch only, no process group.
 """
 
 from __future__ import annotations
@@ -28,10 +25,9 @@ class EpochPosition:
     """The ranks the epoch was dealt to."""
     batch_size: int
     consumed: int
-    """Samples each rank's loader has given out in the epoch: what a loader's own saved position passes over."""
+    """Samples each rank's loader has given out in the epoch."""
     trained: int
-    """Places of ``order`` trained, a prefix (``world_size × consumed`` unless the epoch was resumed on another
-    number of ranks)."""
+    """Places of ``order`` trained, a prefix (``world_size × consumed`` unless resumed on another world size)."""
     order: list[int]
     """The epoch's global order: the sample at place ``i`` went to rank ``i % world_size``."""
 
@@ -43,10 +39,9 @@ class EpochPosition:
                              f"consumed {self.consumed}")
 
     def rest(self, world_size: int, multiple: int = 1) -> list[int]:
-        """The global order of the rest of the epoch on ``world_size`` ranks. The same ranks: the stopped run's own
-        order from the stop on. Another number: each sample the epoch has not trained yet, once, in the order's
-        order, padded with its own first samples (as DistributedSampler pads) to a multiple of ``world_size ×
-        multiple`` (``multiple``: a batch, where the loader drops a last partial one)."""
+        """The global order of the rest of the epoch on ``world_size`` ranks: the stopped run's own on as many;
+        on another number, each sample not trained yet, once, padded as DistributedSampler pads to a multiple of
+        ``world_size × multiple`` (``multiple``: a batch, where the loader drops a last partial one)."""
         if world_size == self.world_size:
             return self.order[self.trained:]
         seen, rest = set(self.order[:self.trained]), []
@@ -60,8 +55,8 @@ class EpochPosition:
         return rest + (rest * (short // len(rest) + 1))[:short]
 
     def continued(self, rest: list[int], world_size: int, batch_size: int, consumed: int) -> EpochPosition:
-        """The position after the epoch went on as ``rest`` (see :meth:`rest`) on ``world_size`` ranks, each of whose
-        loaders has now given out ``consumed`` samples, ``self.consumed`` of them before the stop."""
+        """The position once the epoch went on as ``rest`` on ``world_size`` ranks, each having given out
+        ``consumed`` samples (``self.consumed`` of them before the stop)."""
         per_rank = consumed - self.consumed
         return EpochPosition(self.epoch, world_size, batch_size, consumed, self.trained + world_size * per_rank,
                              self.order[:self.trained] + rest)
@@ -77,10 +72,8 @@ class EpochPosition:
 
 
 def global_order(sampler: DistributedSampler[Any], place: Callable[[int], int] | None = None) -> list[int]:
-    """The epoch's global order that ``sampler`` deals out for its current epoch (the order its ``rank``'s share is
-    cut from, padded or cut as it does). ``place``: maps each place of that order to a sample (Lightning's
-    DistributedSamplerWrapper deals out places of the sampler it wraps); default: the place is the sample. Read with
-    torch's own DistributedSampler iteration, for one rank that takes every place."""
+    """The global order ``sampler`` deals out for its current epoch, read with torch's own iteration for one rank
+    that takes every place. ``place`` maps a place to a sample (Lightning's DistributedSamplerWrapper)."""
     whole = copy.copy(sampler)
     whole.num_replicas, whole.rank, whole.num_samples = 1, 0, sampler.total_size
     places = list(DistributedSampler.__iter__(whole))
@@ -88,10 +81,8 @@ def global_order(sampler: DistributedSampler[Any], place: Callable[[int], int] |
 
 
 def deals_global_order(sampler: DistributedSampler[Any], known: Callable[[type], bool] | None = None) -> bool:
-    """Whether ``sampler`` deals out torch's DistributedSampler order (see :func:`global_order`): its iteration is
-    torch's, torchdata's StatefulDistributedSampler's (torch's, from where its position says), or one that
-    ``known(cls)`` vouches for (Lightning's wrapper: torch's, of places of the order it wrapped). A subclass with an
-    iteration of its own (a bucketing sampler, say) deals an order the package cannot know."""
+    """Whether ``sampler`` deals torch's DistributedSampler order: its iteration is torch's, torchdata's
+    StatefulDistributedSampler's, or one ``known(cls)`` vouches for; a subclass's own iteration is not."""
     owner = next(cls for cls in type(sampler).__mro__ if "__iter__" in vars(cls))
     return owner is DistributedSampler or owner.__module__.startswith("torchdata.stateful_dataloader") or \
         (known is not None and known(owner))
@@ -99,10 +90,9 @@ def deals_global_order(sampler: DistributedSampler[Any], known: Callable[[type],
 
 def record(batch_sampler: Any, consumed: int, place: Callable[[int], int] | None = None,
            known: Callable[[type], bool] | None = None) -> dict[str, Any]:
-    """What a stop records of the place in its epoch of a loader whose batch sampler is ``batch_sampler``, each rank
-    having trained ``consumed`` samples of the epoch: ``{"position": <EpochPosition.as_dict()>, "own_order":
-    <whether the loader's own sampler deals the same order again on as many ranks>}``, or ``{"why": <why not>}``.
-    ``place`` and ``known``: see :func:`global_order` and :func:`deals_global_order`."""
+    """What a stop records of a loader's place in its epoch, each rank having trained ``consumed`` samples:
+    ``{"position": ..., "own_order": <its own sampler deals the same order again on as many ranks>}``, or
+    ``{"why": <why not>}``."""
     batch_size = getattr(batch_sampler, "batch_size", None)
     dealing = getattr(batch_sampler, "sampler", None)
     dealing = dealing if isinstance(dealing, RestOfEpoch) else None  # a stop again, in the rest of an epoch dealt here
@@ -123,8 +113,7 @@ def record(batch_sampler: Any, consumed: int, place: Callable[[int], int] | None
 
 
 def has_state(thing: Any) -> bool:
-    """Whether ``thing`` keeps a position of its own: it has ``state_dict`` and ``load_state_dict`` (torchdata's
-    StatefulDataLoader and StatefulDistributedSampler; torch's DataLoader and samplers have neither)."""
+    """Whether ``thing`` keeps a position of its own (``state_dict`` and ``load_state_dict``, as torchdata's)."""
     return all(callable(getattr(thing, name, None)) for name in ("state_dict", "load_state_dict"))
 
 
@@ -135,9 +124,8 @@ def own_sampler(batch_sampler: Any) -> Any:
 
 
 def deal(batch_sampler: Any, position: EpochPosition, skipped: int) -> RestOfEpoch:
-    """Have ``batch_sampler`` (its sampler a DistributedSampler, this rank's) deal this rank's share of the rest of
-    ``position``'s epoch, after ``skipped`` samples that the loader's own restored position passes over. A loader
-    that drops a last partial batch gets the rest padded to whole batches, so that none of it is dropped."""
+    """Have ``batch_sampler`` (over a DistributedSampler) deal this rank's share of the rest of ``position``'s
+    epoch, after ``skipped`` samples the loader's restored position passes over."""
     own = batch_sampler.sampler
     world, rank = own.num_replicas, own.rank
     rest = position.rest(world, batch_sampler.batch_size if getattr(batch_sampler, "drop_last", False) else 1)
@@ -157,9 +145,8 @@ def dealt_message(dealing: RestOfEpoch) -> str:
 
 
 class RestOfEpoch(Sampler[int]):
-    """Stands in for a loader's sampler (as its batch sampler's ``sampler``) for the rest of one epoch: yields
-    ``skipped`` samples first, which the loader's own restored position passes over, then this rank's share of the
-    rest; at the next epoch's ``set_epoch`` it gives ``batch_sampler`` its own sampler back."""
+    """Stands in for a loader's sampler for the rest of one epoch: ``skipped`` samples first (which the loader's
+    restored position passes over), then this rank's share; the next epoch's ``set_epoch`` puts the own one back."""
 
     def __init__(self, batch_sampler: Any, epoch: int, skipped: list[int], share: list[int],
                  position: EpochPosition, rest: list[int]) -> None:
@@ -174,8 +161,8 @@ class RestOfEpoch(Sampler[int]):
         return len(self.indices)
 
     def set_epoch(self, epoch: int) -> None:
-        """Passed on to the loader's own sampler (a loader's ``set_epoch`` may reach it only through here: Lightning
-        puts its sampler in a batch sampler of its own); from the next epoch on, that sampler deals again."""
+        """Passed on to the loader's own sampler (Lightning may reach it only through here), which deals again
+        from the next epoch on."""
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
@@ -188,9 +175,8 @@ class RestOfEpoch(Sampler[int]):
 
 
 class StatefulRestOfEpoch(RestOfEpoch):
-    """:class:`RestOfEpoch` for a sampler that keeps its own position (``state_dict``, as torchdata's
-    StatefulDistributedSampler: ``{"yielded": n}``): a loader then passes over what it yielded by asking it, not by
-    drawing."""
+    """:class:`RestOfEpoch` for a sampler with a position of its own (torchdata's ``{"yielded": n}``), which a
+    loader passes over by asking it, not by drawing."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

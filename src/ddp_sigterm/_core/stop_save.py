@@ -1,13 +1,8 @@
 """Saving at the agreed stop, so that every rank learns whether it worked.
 
-A checkpoint written at a stop is written once, by ranks that are about to exit: a failure on one rank
-must not leave the others waiting in a barrier, and a file cut short must never look like a checkpoint
-that resuming would pick. :func:`save_in_unison` gives any framework that: every rank takes part in
-writing a temporary file, every rank learns whether every rank succeeded, and only then does the
-writing rank give the file its final name. Paths are local paths or fsspec URLs (``file://``,
-``s3://``, ... as Lightning accepts them); the name is given by the file system's move, a rename on a
-local disk. Used by the Trainer callback, by :func:`ddp_sigterm.fabric.save_at_stop`, and directly by
-plain torch.distributed loops.
+A failure on one rank must not leave the others waiting in a barrier, and a file cut short must never look
+like a checkpoint a resume would pick: every rank writes its part of a temporary file, every rank learns
+whether all succeeded, and only then is the file moved to its name (local paths or fsspec URLs).
 """
 
 from __future__ import annotations
@@ -26,11 +21,8 @@ T = TypeVar("T")
 
 
 class StopError(SystemExit):
-    """Saving the agreed stop checkpoint (or requeueing the job) failed on some rank; every rank
-    raises it, and the message names the rank, the step and the reason. It ends the process with
-    :data:`~ddp_sigterm._core.exit_codes.STOP_FAILED` (200, retryable: the job was told to stop) unless
-    caught; the message is logged at ERROR on every rank when it is raised, as Python prints no
-    traceback for a ``SystemExit``."""
+    """Saving the stop checkpoint (or requeueing) failed on some rank; raised on every rank, naming the rank, the
+    step and the reason (logged at ERROR: a ``SystemExit`` prints no traceback). Exits with ``STOP_FAILED``."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -42,15 +34,10 @@ class StopError(SystemExit):
 
 def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str, *, writer: bool,
                    step: int | None = None) -> str | None:
-    """At the agreed stop, on every rank: ``write(partial)``, where ``partial`` is a temporary file
-    beside ``path`` (a collective save such as ``fabric.save``, or ``torch.save`` on the writing rank
-    and nothing elsewhere). The writing rank (``writer``: one rank, usually global rank 0) checks the
-    file is there; once every rank reports success, it moves it to ``path`` (a local path or an fsspec
-    URL). A failure on any rank raises :class:`StopError` on every rank, naming the rank and the reason,
-    and the writing rank removes the temporary file. Every rank must call it at the
-    same point; it ends with every rank past the save (it is also the barrier). Returns the final path
-    on the writing rank, None elsewhere. ``step`` (for messages) defaults to the agreed stop's. Every rank
-    logs the path and how long the save took."""
+    """At the agreed stop, on every rank: ``write(partial)`` (a temporary file beside ``path``); once every rank
+    succeeded, the ``writer`` rank moves it to ``path``. A failure anywhere raises :class:`StopError` on every
+    rank and removes the temporary file. Every rank must call it at the same point (it is also the barrier).
+    Returns the final path on the writer, None elsewhere; ``step`` (for messages): the agreed stop's."""
     if step is None and stop.decision is not None:
         step = stop.decision.step
     path = str(path)
@@ -92,10 +79,8 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
 
 
 def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: int | None) -> T:
-    """Run this rank's part of ``what`` after the agreed stop; every rank then reports whether its
-    part raised, and if it failed anywhere, every rank raises :class:`StopError` (with this rank's own
-    error as the cause, where it has one). Returns ``action()``'s result. Every rank must call it at
-    the same point: it is also the barrier that ends ``what``."""
+    """This rank's part of ``what``; if it raised on any rank, every rank raises :class:`StopError` (chaining
+    its own error). Returns ``action()``'s result. Every rank must call it at the same point (a barrier)."""
     try:
         result = action()
     except Exception as error:  # every rank must learn of it: reported, then raised as StopError
@@ -114,8 +99,8 @@ def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: i
 
 
 def _raise_why_not_written(fs: Any, directory: str, partial: str) -> None:
-    """Lightning (2.6.6) returns from a save that a PermissionError stopped as if it had succeeded
-    (``_atomic_save`` re-raises only EXDEV); find the reason by creating a file where it should be."""
+    """Lightning (2.6.6) returns from a save a PermissionError stopped as if it succeeded (``_atomic_save``
+    re-raises only EXDEV): find the reason by creating a file there."""
     probe = f"{directory}/.ddp_sigterm-probe"
     with fs.open(probe, "wb"):  # raises the file system's reason, e.g. PermissionError
         pass
@@ -124,8 +109,6 @@ def _raise_why_not_written(fs: Any, directory: str, partial: str) -> None:
 
 
 def _remove_partial(fs: Any, partial: str) -> None:
-    """After a failed save, the writing rank removes what was written of the temporary file; a removal
-    that fails is logged (the stop's own error is the one raised)."""
     try:
         if fs.exists(partial):
             fs.rm(partial, recursive=True)
