@@ -1,11 +1,6 @@
-"""torchrun's restarts, and the hazard they carry in torch up to at least 2.13.
-
-``torchrun --max-restarts=N`` keeps one TCPStore, owned by its agent, for every attempt of the worker
-group (static rendezvous always; c10d and ``--standalone`` unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``),
-and the workers' process groups write the same keys in every attempt (torch's ``rendezvous.py`` adds
-no per-attempt prefix there). A restarted rank can read a dead peer's address from the previous
-attempt: ``Gloo connectFullMesh failed ... Connection refused``, or a hang, in 8 of 10 restarts here
-(repro/torchrun_restart). The package cannot reach the agent's environment; it says what to change.
+"""torchrun's restarts on one store for every attempt (torch up to at least 2.13): a restarted rank can read
+a dead peer's address from the previous attempt and fail or hang. The package cannot reach the agent's
+environment, so it says what to change (docs/torchrun.md).
 """
 
 from __future__ import annotations
