@@ -21,7 +21,6 @@ Where and how often ranks agree is :mod:`~ddp_sigterm._core.decision`'s; what th
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
@@ -32,9 +31,11 @@ from types import FrameType
 import torch.distributed as dist
 
 from ddp_sigterm._core import log, notices, torchelastic
+from ddp_sigterm._core.clouds import Notice, named
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.decision import Ballot, StopDecision, StopSchedule, where
 from ddp_sigterm._core.decision import Sequence as Steps
+from ddp_sigterm._core.notices import NoticeSettings
 from ddp_sigterm._core.port import Driver, GlooPort, Heartbeat
 from ddp_sigterm._core.runtime import GroupUnavailable, Runtime
 from ddp_sigterm._core.settings import Settings, resolve
@@ -46,14 +47,14 @@ class StopCoordinator:
 
     def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None,
                  distributed: bool = True, on_decided: Sequence[Callable[[StopDecision], None]] = (),
-                 routed_signals: tuple[int, ...] = (), notice: notices.NoticeSettings | None = None) -> None:
+                 routed_signals: tuple[int, ...] = (), notice: NoticeSettings | None = None) -> None:
         """``requeue_signal`` (SLURM's) stops too and sets ``decision.requeue``. The ranks that agree are the default
         group's; ``distributed=False``: this process alone. ``on_decided``: run on every rank at the agreed stop.
         ``routed_signals``: those a framework hands ``integration.record`` itself. ``notice``: the cloud notice
         watch's settings (default: from the environment)."""
         self._inner = IntegrationView(settings if settings is not None else Settings.resolve(), requeue_signal,
                                       distributed, on_decided, routed_signals,
-                                      notice if notice is not None else resolve(notices.NoticeSettings))
+                                      notice if notice is not None else resolve(NoticeSettings))
 
     @property
     def integration(self) -> IntegrationView:
@@ -103,7 +104,7 @@ class IntegrationView:
 
     def __init__(self, settings: Settings, requeue_signal: int | None, distributed: bool,
                  on_decided: Sequence[Callable[[StopDecision], None]], routed_signals: tuple[int, ...],
-                 notice: notices.NoticeSettings) -> None:
+                 notice: NoticeSettings) -> None:
         self.settings, self.notice_settings = settings, notice
         self.requeue_signal = requeue_signal
         self._distributed = distributed
@@ -114,7 +115,7 @@ class IntegrationView:
         self._driver: Driver | None = None
         self._lock = threading.Lock()  # the notice and the activity, which the package's threads read or write
         self._activity: str | None = None
-        self._notice: notices.Notice | None = None
+        self._notice: Notice | None = None
         self.stepped_aside: str | None = None
         self._began = self._closed = False
 
@@ -147,26 +148,10 @@ class IntegrationView:
                 warnings.warn(hazard, stacklevel=3)
         else:
             self._driver = Driver(self.schedule, self._port, self.waiting_for)
-        self._runtime.start(install_handlers, heartbeat, deadline, self._notice_watch())
+        self._runtime.start(install_handlers, heartbeat, deadline, notices.watch(self.notice_settings, self.noticed))
         peers = f"all {self.world_size} ranks" if self.world_size > 1 else "this process alone"
         log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
                          ", ".join(signal.Signals(s).name for s in self.signals), peers)
-
-    def _notice_watch(self) -> notices.NoticeWatch | None:
-        """The notice watch on local rank 0 of each node; None where it is off, or ``auto`` finds no cloud."""
-        cloud = self.notice_settings.notice
-        if cloud == "off" or os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
-            return None
-        if cloud == "auto":
-            found = notices.detect_cloud()
-            log.logger.debug("rank %d: notice=auto: %s", self.rank, f"in {found}" if found else "in no cloud")
-            if found is None:
-                return None
-            cloud = found
-        source = notices.source(cloud, self.notice_settings.notice_url or None)
-        log.logger.debug("rank %d: asking %s for a preemption notice every %g s", self.rank, source.base_url,
-                         self.notice_settings.notice_period)
-        return notices.NoticeWatch(source, self.notice_settings.notice_period, self.noticed)
 
     def _step_aside(self, error: GroupUnavailable) -> None:
         """No groups (every rank got the same error): never stop; global rank 0 says so, once."""
@@ -246,7 +231,7 @@ class IntegrationView:
         """What the agreed stop was asked by, for messages: the signal's name, or the cloud's notice."""
         decision = self.agreed()
         if decision.notice:
-            return notices.named(decision.notice, decision.notice_at)
+            return named(decision.notice, decision.notice_at)
         return signal.Signals(decision.signum).name
 
     def lowest_failed_rank(self, succeeded: bool, what: str, step: int | None = None) -> int | None:
@@ -282,14 +267,14 @@ class IntegrationView:
     def world_size(self) -> int:
         return self._port.world_size
 
-    def noticed(self, notice: notices.Notice) -> None:
+    def noticed(self, notice: Notice) -> None:
         """The notice watch's thread: a cloud's notice is a stop request, as this process's first stop signal."""
         with self._lock:
             self._notice = notice
         self._recorder.record(self._recorder.signals[0])
         self._runtime.noticed(notice)
 
-    def _noticed_now(self) -> notices.Notice | None:
+    def _noticed_now(self) -> Notice | None:
         with self._lock:
             return self._notice
 

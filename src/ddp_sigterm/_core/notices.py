@@ -1,34 +1,19 @@
 """Cloud preemption notices: the watch that polls a cloud's metadata service, and its settings.
 
-The clouds' readers are :mod:`ddp_sigterm._core.clouds`, whose names this module passes on;
-docs/cloud-notices.md tells what each cloud says and what the package does with it.
+The clouds' readers are :mod:`ddp_sigterm._core.clouds`; docs/cloud-notices.md tells what each cloud says and
+what the package does with it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 
 from ddp_sigterm._core import log
-from ddp_sigterm._core.clouds import (
-    CLOUDS,
-    DEFAULT_URLS,
-    KINDS,
-    MetadataError,
-    Notice,
-    NoticeSource,
-    aws_notice,
-    azure_notice,
-    detect_cloud,
-    gce_notice,
-    named,
-    source,
-)
+from ddp_sigterm._core.clouds import CLOUDS, MetadataError, Notice, NoticeSource, detect_cloud, source
 from ddp_sigterm._core.settings import SettingsError, check_seconds, read_from_environment
-
-__all__ = ["CLOUDS", "DEFAULT_URLS", "KINDS", "POLL_TIMEOUT", "MetadataError", "Notice", "NoticeSettings",
-           "NoticeSource", "NoticeWatch", "aws_notice", "azure_notice", "detect_cloud", "gce_notice", "named", "source"]
 
 POLL_TIMEOUT = 2.0
 """Seconds one request of a poll may take (less if the poll period is shorter)."""
@@ -90,3 +75,20 @@ class NoticeWatch:
                 self._on_notice(notice)
                 return
             self._ended.wait(self.period)
+
+
+def watch(settings: NoticeSettings, on_notice: Callable[[Notice], None]) -> NoticeWatch | None:
+    """This process's watch: on local rank 0 of each node (``LOCAL_RANK``, or SLURM's ``SLURM_LOCALID``); None where
+    ``notice`` is off, or ``auto`` finds no cloud."""
+    cloud = settings.notice
+    if cloud == "off" or os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
+        return None
+    if cloud == "auto":
+        found = detect_cloud()
+        log.logger.debug("notice=auto: %s", f"in {found}" if found else "in no cloud")
+        if found is None:
+            return None
+        cloud = found
+    asked = source(cloud, settings.notice_url or None)
+    log.logger.debug("asking %s for a preemption notice every %g s", asked.base_url, settings.notice_period)
+    return NoticeWatch(asked, settings.notice_period, on_notice)

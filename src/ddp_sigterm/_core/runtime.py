@@ -24,9 +24,10 @@ from types import FrameType
 import torch.distributed as dist
 
 from ddp_sigterm._core import log, workers
+from ddp_sigterm._core.clouds import Notice
 from ddp_sigterm._core.deadline import Deadline
 from ddp_sigterm._core.decision import StopDecision
-from ddp_sigterm._core.notices import POLL_TIMEOUT, Notice, NoticeWatch
+from ddp_sigterm._core.notices import POLL_TIMEOUT, NoticeWatch
 from ddp_sigterm._core.port import Heartbeat
 from ddp_sigterm._core.signals import Handler, SignalRecorder, chains_to, default_action
 

@@ -1,4 +1,4 @@
-"""ddp_sigterm/_core/notices.py: each cloud's notice read as its documentation specifies, against a metadata
+"""_core/clouds.py and notices.py: each cloud's notice read as its documentation specifies, against a metadata
 service on 127.0.0.1 (tests/support/metadata_server.py); a service that hangs, refuses, redirects or answers
 garbage raises MetadataError within the timeout; the cloud is found from DMI files alone.
 
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from ddp_sigterm_tests.metadata_server import AWS_TOKEN_HEADER, AWS_TOKEN_TTL_HEADER, MetadataServer, azure_event
 
-from ddp_sigterm._core import notices
-from ddp_sigterm._core.notices import MetadataError, Notice
+from ddp_sigterm._core import clouds, notices
+from ddp_sigterm._core.clouds import MetadataError, Notice
 
 UTC = datetime.timezone.utc
 AWS_NOTICE = {"action": "terminate", "time": "2026-12-06T12:02:00Z"}
@@ -47,30 +47,30 @@ def closed_port() -> int:
 
 # -- the answers ---------------------------------------------------------------------------------
 def test_aws_answers() -> None:
-    assert notices.aws_notice(404, b"Not Found") is None
-    notice = notices.aws_notice(200, json.dumps(AWS_NOTICE).encode())
+    assert clouds.aws_notice(404, b"Not Found") is None
+    notice = clouds.aws_notice(200, json.dumps(AWS_NOTICE).encode())
     assert notice == Notice("aws", "terminate", datetime.datetime(2026, 12, 6, 12, 2, tzinfo=UTC))
     for action in ("stop", "hibernate"):
-        assert notices.aws_notice(200, json.dumps({**AWS_NOTICE, "action": action}).encode()).action == action
+        assert clouds.aws_notice(200, json.dumps({**AWS_NOTICE, "action": action}).encode()).action == action
     for status, body, reason in [(200, b"<html>", "not an interruption"), (200, b'{"action": "terminate"}', "time"),
                                  (200, b'{"action": "reboot", "time": "2026-12-06T12:02:00Z"}', "unknown action"),
                                  (500, b"", "HTTP 500")]:
         with pytest.raises(MetadataError, match=reason):
-            notices.aws_notice(status, body)
+            clouds.aws_notice(status, body)
 
 
 def test_gce_answers() -> None:
     seen = datetime.datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
-    assert notices.gce_notice(b"FALSE", seen) is None
-    notice = notices.gce_notice(b"TRUE", seen)
+    assert clouds.gce_notice(b"FALSE", seen) is None
+    notice = clouds.gce_notice(b"TRUE", seen)
     assert (notice.cloud, notice.action, notice.at) == ("gce", "preempted", seen + datetime.timedelta(seconds=30))
     with pytest.raises(MetadataError, match="not TRUE or FALSE"):
-        notices.gce_notice(b"true-ish", seen)
+        clouds.gce_notice(b"true-ish", seen)
 
 
 def test_azure_answers() -> None:
     def read(events: list[dict]) -> Notice | None:
-        return notices.azure_notice(json.dumps({"DocumentIncarnation": 1, "Events": events}).encode(), "vm-1")
+        return clouds.azure_notice(json.dumps({"DocumentIncarnation": 1, "Events": events}).encode(), "vm-1")
 
     assert read([]) is None
     assert read([azure_event("vm-2")]) is None  # another VM of the scale set
@@ -82,7 +82,7 @@ def test_azure_answers() -> None:
     for body, reason in [(b"[]", "not a list of events"), (b'{"Events": [{"EventType": "Preempt"}]}', "Resources"),
                          (json.dumps({"Events": [azure_event("vm-1", not_before="soon")]}).encode(), "RFC 1123")]:
         with pytest.raises(MetadataError, match=reason):
-            notices.azure_notice(body, "vm-1")
+            clouds.azure_notice(body, "vm-1")
 
 
 def test_the_cloud_is_found_from_files_alone(tmp_path: Path) -> None:
@@ -107,20 +107,20 @@ def test_the_cloud_is_found_from_files_alone(tmp_path: Path) -> None:
         for name, text in files.items():
             (tmp_path / machine / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / machine / name).write_text(text + "\n")
-        found[machine] = notices.detect_cloud(tmp_path / machine)
+        found[machine] = clouds.detect_cloud(tmp_path / machine)
     assert found == {"aws": "aws", "aws-xen": "aws", "aws-uuid": "aws", "aws-little-endian": "aws", "gce": "gce",
                      "gce-serial": "gce", "azure": "azure", "hyper-v": None, "qemu": None, "none": None}
 
 
 def test_this_machine_is_no_cloud_vm() -> None:
     """``auto`` must contact nothing here or in CI: by its DMI data, this machine is in no cloud."""
-    assert notices.detect_cloud() is None
+    assert clouds.detect_cloud() is None
 
 
 # -- the sources, against a service on 127.0.0.1 -------------------------------------------------------
 def test_aws_imdsv2_asks_a_token_once_and_sends_it() -> None:
     with MetadataServer("aws") as server:
-        source = notices.source("aws", server.url)
+        source = clouds.source("aws", server.url)
         assert source.poll(timeout=2) is None
         assert source.poll(timeout=2) is None
         server.notice = AWS_NOTICE
@@ -135,7 +135,7 @@ def test_aws_imdsv2_asks_a_token_once_and_sends_it() -> None:
 
 def test_aws_asks_a_new_token_when_its_token_lapses() -> None:
     with MetadataServer("aws") as server:
-        source = notices.source("aws", server.url)
+        source = clouds.source("aws", server.url)
         assert source.poll(timeout=2) is None
         server.revoke_tokens()
         server.notice = AWS_NOTICE
@@ -145,7 +145,7 @@ def test_aws_asks_a_new_token_when_its_token_lapses() -> None:
 
 def test_aws_imdsv1_only_instance_is_asked_without_a_token() -> None:
     with MetadataServer("aws", imdsv2="absent") as server:
-        source = notices.source("aws", server.url)
+        source = clouds.source("aws", server.url)
         assert source.poll(timeout=2) is None
         server.notice = AWS_NOTICE
         assert source.poll(timeout=2).action == "terminate"
@@ -157,14 +157,14 @@ def test_aws_without_a_token_where_imdsv2_is_required_says_what_to_change() -> N
     refuses IMDSv1."""
     with MetadataServer("aws") as server:
         server.token_delay = 1.0
-        source = notices.source("aws", server.url)
+        source = clouds.source("aws", server.url)
         with pytest.raises(MetadataError, match=r"401.*api/token failed: timed out\).*hop limit must be 2"):
             source.poll(timeout=0.5)
 
 
 def test_gce_sends_and_wants_metadata_flavor_google() -> None:
     with MetadataServer("gce") as server:
-        source = notices.source("gce", server.url)
+        source = clouds.source("gce", server.url)
         assert source.poll(timeout=2) is None
         server.notice = True
         before = datetime.datetime.now(UTC)
@@ -178,7 +178,7 @@ def test_gce_sends_and_wants_metadata_flavor_google() -> None:
 
 def test_azure_asks_its_name_once_and_reads_only_its_own_azure_event() -> None:
     with MetadataServer("azure", vm_name="vm-1") as server:
-        source = notices.source("azure", server.url)
+        source = clouds.source("azure", server.url)
         assert source.poll(timeout=2) is None
         server.notice = [azure_event("vm-2"), azure_event("vm-1", event_type="Reboot")]
         assert source.poll(timeout=2) is None
@@ -192,11 +192,11 @@ def test_azure_asks_its_name_once_and_reads_only_its_own_azure_event() -> None:
     assert all("api-version=" in r.path for r in server.requests)
 
 
-@pytest.mark.parametrize("cloud", notices.CLOUDS)
+@pytest.mark.parametrize("cloud", clouds.CLOUDS)
 def test_a_slow_service_fails_within_the_timeout(cloud: str) -> None:
     with MetadataServer(cloud, imdsv2="optional") as server:
         server.delay = 5.0
-        source = notices.source(cloud, server.url)
+        source = clouds.source(cloud, server.url)
         began = time.monotonic()
         with pytest.raises(MetadataError, match="timed out"):
             source.poll(timeout=0.3)
@@ -204,42 +204,42 @@ def test_a_slow_service_fails_within_the_timeout(cloud: str) -> None:
     assert took < 2.0, f"{cloud}: a poll with a 0.3 s timeout took {took:.1f} s"  # AWS: token PUT + GET
 
 
-@pytest.mark.parametrize("cloud", notices.CLOUDS)
+@pytest.mark.parametrize("cloud", clouds.CLOUDS)
 def test_a_refused_connection_or_garbage_raises(cloud: str) -> None:
     with pytest.raises(MetadataError, match="refused"):
-        notices.source(cloud, f"http://127.0.0.1:{closed_port()}").poll(timeout=2)
+        clouds.source(cloud, f"http://127.0.0.1:{closed_port()}").poll(timeout=2)
     with MetadataServer(cloud, imdsv2="optional") as server:
         server.garbage = True
         with pytest.raises(MetadataError):
-            notices.source(cloud, server.url).poll(timeout=2)
+            clouds.source(cloud, server.url).poll(timeout=2)
 
 
-@pytest.mark.parametrize("cloud", notices.CLOUDS)
+@pytest.mark.parametrize("cloud", clouds.CLOUDS)
 def test_no_proxy_and_no_redirect_take_a_request_elsewhere(cloud: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{closed_port()}")
     with MetadataServer(cloud, imdsv2="optional") as server, MetadataServer(cloud, imdsv2="optional") as elsewhere:
-        assert notices.source(cloud, server.url).poll(timeout=2) is None  # the proxy's port is closed
+        assert clouds.source(cloud, server.url).poll(timeout=2) is None  # the proxy's port is closed
         server.redirect_to = f"{elsewhere.url}/"
         with pytest.raises(MetadataError):
-            notices.source(cloud, server.url).poll(timeout=2)
+            clouds.source(cloud, server.url).poll(timeout=2)
     assert elsewhere.requests == []
 
 
 def test_sources_take_only_http_urls_and_contact_nothing_when_made() -> None:
-    for cloud in notices.CLOUDS:
-        assert notices.source(cloud).base_url == notices.DEFAULT_URLS[cloud]  # made, never polled here
+    for cloud in clouds.CLOUDS:
+        assert clouds.source(cloud).base_url == clouds.DEFAULT_URLS[cloud]  # made, never polled here
         with pytest.raises(ValueError, match="must start with http://"):
-            notices.source(cloud, "file:///etc/passwd")
+            clouds.source(cloud, "file:///etc/passwd")
     with pytest.raises(ValueError, match="no notice source for 'oci'"):
-        notices.source("oci")
+        clouds.source("oci")
 
 
 # -- the watch -----------------------------------------------------------------------------------------
 def test_the_watch_hands_on_one_notice_and_ends() -> None:
     with MetadataServer("gce") as server:
         noticed: list[Notice] = []
-        watch = notices.NoticeWatch(notices.source("gce", server.url), 0.05, noticed.append)
+        watch = notices.NoticeWatch(clouds.source("gce", server.url), 0.05, noticed.append)
         thread = threading.Thread(target=watch.watch)
         thread.start()
         time.sleep(0.3)
@@ -256,7 +256,7 @@ def test_the_watch_hands_on_one_notice_and_ends() -> None:
 def test_a_failing_service_is_logged_once_and_the_watch_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     with MetadataServer("azure") as server, caplog.at_level(logging.WARNING, logger="ddp_sigterm"):
         server.garbage = True
-        watch = notices.NoticeWatch(notices.source("azure", server.url), 0.02, lambda notice: None)
+        watch = notices.NoticeWatch(clouds.source("azure", server.url), 0.02, lambda notice: None)
         thread = threading.Thread(target=watch.watch)
         thread.start()
         while watch.polls < 5 and thread.is_alive():
