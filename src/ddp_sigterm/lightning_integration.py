@@ -1,6 +1,5 @@
-"""The Trainer callback for ``lightning.pytorch``, registered by the ``lightning.pytorch.callbacks_factory``
-entry point so that an unchanged script gets it. Its behaviour is in :mod:`ddp_sigterm._lightning.trainer_stop`.
-"""
+"""The Trainer callback for ``lightning.pytorch``, added to every Trainer by its ``callbacks_factory`` entry point;
+its behaviour is in :mod:`ddp_sigterm._lightning.trainer_stop`."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ __all__ = ["StopError", "UnisonStop", "callbacks_factory"]
 class UnisonStop(TrainerStop, Callback):
     """Stop every rank at the same step when any process of the job receives a stop signal.
 
-    Pass it explicitly to choose settings (``Trainer(callbacks=[UnisonStop(max_delay=0.5)])``); the
-    instance added by the entry point then steps aside. ``DDP_SIGTERM_*`` variables override the
-    arguments (see :class:`ddp_sigterm.Settings`).
+    ``Trainer(callbacks=[UnisonStop(max_delay=0.5)])`` chooses settings (the entry point's instance then steps
+    aside); ``DDP_SIGTERM_*`` variables override the arguments (see :class:`ddp_sigterm.Settings`).
     """
 
     lightning = Lightning("lightning", Trainer, SIGTERMException, SLURMEnvironment, rank_zero_info,

@@ -1,8 +1,5 @@
-"""The Trainer callback for the standalone ``pytorch_lightning`` package, registered by the
-``pytorch_lightning.callbacks_factory`` entry point. ``pytorch_lightning`` has its own ``Trainer``,
-``Callback`` and ``SIGTERMException`` classes, so this is a class of its own; its behaviour is the same
-:mod:`ddp_sigterm._lightning.trainer_stop` as ``lightning.pytorch``'s.
-"""
+"""The Trainer callback for the standalone ``pytorch_lightning``, whose classes are its own, added to every Trainer
+by its ``callbacks_factory`` entry point; its behaviour is in :mod:`ddp_sigterm._lightning.trainer_stop`."""
 
 from __future__ import annotations
 

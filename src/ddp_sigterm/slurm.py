@@ -1,16 +1,7 @@
-"""SLURM: requeue the running job, as Lightning's auto-requeue does, once per job; and tell a
-preemption from the other SIGTERMs.
-
-Called by global rank 0 only, after the agreed stop's checkpoint is saved on every rank.
-
-With a grace time (``GraceTime`` > 0), SLURM requeues a job it preempts (``PreemptMode=REQUEUE``)
-only if the job is still running when the grace time ends and SLURM kills it. A job that saves and
-exits within the grace time, as a stop should, ends FAILED and is not requeued: the job must requeue
-itself. A preemption's SIGTERM looks like any other (``scancel``, the time limit), but ``scontrol show
-job`` tells them apart: a job being preempted has a ``PreemptTime`` (at or after its ``StartTime``: the
-field stays set after a requeue the job asks for). With ``GraceTime=0`` SLURM requeues the job at the
-preemption itself and shows no ``PreemptTime``: the package then saves and does not requeue again
-(tested: docs/slurm.md).
+"""SLURM: requeue the running job, as Lightning's auto-requeue does, once per job; and tell a preemption from the
+other SIGTERMs (``scontrol show job``'s ``PreemptTime``). SLURM requeues a preempted job only if it outlives its
+grace time, which a stop should not, so the job requeues itself. Called by global rank 0 only, after the stop
+checkpoint is saved; docs/slurm.md has the account.
 """
 
 from __future__ import annotations
@@ -42,10 +33,8 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
 
 
 def preempted(environ: Mapping[str, str] | None = None, timeout: float = 10.0) -> str | None:
-    """The ``PreemptTime`` of this job if SLURM is preempting it and lets it be requeued (``Requeue=1``:
-    ``sbatch --requeue`` or the cluster's ``JobRequeue=1``), else None; raise :class:`RequeueError` if
-    ``scontrol`` cannot tell. Whatever the cluster's preemption mode: on a cluster that cancels preempted
-    jobs, a job submitted with ``--requeue`` is requeued (submit with ``--no-requeue`` to keep the cancel)."""
+    """The ``PreemptTime`` of this job if SLURM is preempting it and lets it be requeued (``Requeue=1``), else None;
+    raises :class:`RequeueError` if ``scontrol`` cannot tell."""
     job = job_id(environ)
     fields = dict(item.partition("=")[::2] for item in _scontrol("show", "job", "--oneliner", job,
                                                                    timeout=timeout).split())
@@ -63,10 +52,8 @@ def requeue(environ: Mapping[str, str] | None = None, timeout: float = 60.0) -> 
     return job
 
 
-# scontrol runs inside the job's step, and SLURM signals every process of the step when the job is requeued: the
-# requeue's own SIGTERM can reach ``scontrol requeue`` after slurmctld has requeued the job and before scontrol has
-# exited (seen in CI: exit code -15, the job requeued). The rank is stopping already; scontrol starts with SIGTERM
-# ignored (kept across exec), so that it finishes and reports what slurmctld did. Its timeout still ends it.
+# The requeue's own SIGTERM reaches every process of the job's step, ``scontrol requeue`` included, possibly before
+# it has reported what slurmctld did: it starts with SIGTERM ignored (kept across exec); its timeout still ends it.
 _IGNORING_SIGTERM = ("/bin/sh", "-c", 'trap "" TERM; exec scontrol "$@"', "scontrol")
 
 

@@ -1,6 +1,5 @@
-"""How an integration object (the Trainer callback, the Fabric callback) is configured and chosen:
-its settings from code and the environment, the instance an entry point adds to every Trainer or
-Fabric, and which instance acts when the user passed one as well."""
+"""How an integration object (the Trainer callback, the Fabric callback) is configured, added by an entry point,
+and chosen when the user passed one as well."""
 
 from __future__ import annotations
 

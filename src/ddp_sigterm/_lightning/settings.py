@@ -1,6 +1,5 @@
-"""The Trainer's own settings: its stop checkpoint and resuming. Read from ``DDP_SIGTERM_<FIELD>`` as the
-core's :class:`ddp_sigterm.Settings` is (the environment wins over code), validated the same way; the core
-never reads them. ``UnisonStop(checkpoint_dir=...)`` sets them in code."""
+"""The Trainer's own settings (its stop checkpoint and resuming), set in code by ``UnisonStop(checkpoint_dir=...)``
+and overridden by ``DDP_SIGTERM_<FIELD>`` as the core's :class:`ddp_sigterm.Settings` are; the core never reads them."""
 
 from __future__ import annotations
 
@@ -26,17 +25,13 @@ class TrainerSettings:
     checkpoint is saved, all but the newest ``keep_checkpoints`` are deleted. 0 (the default) keeps all."""
 
     resume: bool = False
-    """Resume ``fit`` from the newest stop checkpoint when it is started without ``ckpt_path``, on every
-    platform (Lightning does it by itself only under SLURM, and only from ``default_root_dir``; with a
-    ``checkpoint_dir``, the package does it there under SLURM too). Every rank resumes from global rank
-    0's choice. Off by default: a script run again in the same directory would otherwise no longer
-    start from scratch. Set ``DDP_SIGTERM_RESUME=1`` where a relaunch must resume (a Kubernetes Job,
-    torchrun's restarts)."""
+    """Resume ``fit`` started without ``ckpt_path`` from the newest stop checkpoint, on every platform (Lightning
+    does it only under SLURM, from ``default_root_dir``). Off by default, so that a script run again starts from
+    scratch; set ``DDP_SIGTERM_RESUME=1`` where a relaunch must resume (a Kubernetes Job, torchrun's restarts)."""
 
     resume_logger_runs: bool = True
     """A fit resumed from a stop checkpoint gives the Trainer's loggers the runs they wrote to before the stop
-    (TensorBoard's and CSV's version, W&B's and MLflow's run), so that the resumed run appends to them. A run that is
-    not resumed from a stop checkpoint is left as Lightning runs it."""
+    (TensorBoard's and CSV's version, W&B's and MLflow's run), so that the resumed run appends to them."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_dir, str):
