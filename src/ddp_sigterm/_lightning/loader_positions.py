@@ -1,19 +1,9 @@
-"""The training data's place in its epoch across a stop, for a resume on the same ranks or on another number of them.
+"""The training data's place in its epoch across a stop, for a resume on the same or another number of ranks.
 
-Lightning saves a stateful loader's position (torchdata's StatefulDataLoader: the samples it gave out) in the
-checkpoint, global rank 0's, and gives it to every rank of the resumed fit. That is exact when the sampler deals the
-same order again: torch's DistributedSampler (shuffled by its seed and the epoch) on the same number of ranks. It is
-not when the sampler is Lightning's DistributedSamplerWrapper around the loader's own (``shuffle=True`` of a
-StatefulDataLoader is torchdata's RandomSampler, which Lightning wraps), whose order is drawn anew at every
-iteration, nor when the resumed job has another number of ranks: each rank then passes over the stopped rank 0's
-count of its own new share.
-
-So the stop checkpoint also records, per training loader, the stopped epoch's global order and what of it was
-trained (:class:`~ddp_sigterm._core.epoch_order.EpochPosition`), and the wrapped sampler's generator. A resume from
-it, in either case, has each rank's loader deal this rank's share of the rest of that epoch
-(:class:`~ddp_sigterm._core.epoch_order.RestOfEpoch`), over the loader's own restored position, and gives the
-wrapped sampler its generator back for the epochs after. Where the place cannot be carried to another number of
-ranks, rank 0 says so once and the epoch starts over. docs/trainer.md has the cases.
+Lightning's saved loader position is exact only when the sampler deals the same order again on as many ranks. So
+the stop checkpoint also records each loader's stopped epoch order, what of it was trained, and the wrapped
+sampler's generator; a resume deals this rank's share of the rest of that epoch, or says once why the epoch starts
+over. docs/trainer.md has the cases.
 """
 
 from __future__ import annotations
@@ -27,34 +17,27 @@ from torch.utils.data import DistributedSampler
 from ddp_sigterm._core import epoch_order
 from ddp_sigterm._core.epoch_order import EpochPosition
 from ddp_sigterm._core.log import logger
-from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning import resume_internals
 
 KEY = "data_position"
-"""Its entry in the stop checkpoint's own (``stop_checkpoints.KEY``): ``{"world_size": W, "batch_size": <global>,
-"loaders": [...]}``, per training loader ``{"why": <why its place is not recorded>}``, or ``{"position":
-<EpochPosition.as_dict()>, "samples": <its dataset's length>, "own_order": <whether its own sampler deals the epoch's
-order again on as many ranks>, "generator": <the wrapped sampler's generator state, or None>}``."""
+"""Its entry in the stop checkpoint's own (``stop_checkpoints.KEY``): ``{"world_size", "batch_size", "loaders"}``,
+per loader ``{"why"}`` or ``{"position", "samples", "own_order", "generator"}`` (see :func:`record`)."""
 
 
 @dataclasses.dataclass
 class Resumed:
     """What :func:`resume` did."""
 
-    changed: bool = False
-    """A loader changed: the fit's iterator must be made again."""
-    said: list[str] = dataclasses.field(default_factory=list)
-    """What rank 0 says, once."""
-    lengths: tuple[int | float, list[int | float] | None] | None = None
-    """The fit's own epoch length and loader limits, to give back when the dealt epoch is over."""
-    start_over: list[Any] = dataclasses.field(default_factory=list)
-    """The loaders whose epoch starts over: not to be given their positions."""
+    changed: bool = False  # a loader changed: the fit's iterator must be made again
+    said: list[str] = dataclasses.field(default_factory=list)  # what rank 0 says, once
+    lengths: tuple[int | float, list[int | float] | None] | None = None  # the fit's own, for after the dealt epoch
+    start_over: list[Any] = dataclasses.field(default_factory=list)  # loaders not to be given their positions
 
 
 def record(trainer: Any) -> dict[str, Any]:
-    """What the stop checkpoint records of the training data's place (every rank's the same at an agreed stop). A
-    place that cannot be recorded is recorded as why not, so that a resume on other ranks can say it; an error in
-    recording it is one such (logged here): the stop save goes on."""
-    loaders = internals.training_loaders(trainer)
+    """What the stop checkpoint records of the training data's place. A place that cannot be recorded (an error
+    included, logged here: the stop save goes on) is recorded as why not, for a resume on other ranks to say."""
+    loaders = resume_internals.training_loaders(trainer)
     entries = []
     for loader in loaders:
         try:
@@ -69,25 +52,24 @@ def record(trainer: Any) -> dict[str, Any]:
 
 def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
     batch_sampler = getattr(loader, "batch_sampler", None)
-    if not internals.has_position(loader):
+    if not epoch_order.has_state(loader):
         return {"why": _no_state(loader)}
     own = epoch_order.own_sampler(batch_sampler)
-    wrapped = internals.wrapped_sampler(own)
+    wrapped = resume_internals.wrapped_sampler(own)
     batch_size = getattr(batch_sampler, "batch_size", None)
-    consumed = internals.batches_this_epoch(trainer) * batch_size if isinstance(batch_size, int) else 0
+    consumed = resume_internals.batches_this_epoch(trainer) * batch_size if isinstance(batch_size, int) else 0
     entry = epoch_order.record(batch_sampler, consumed, None if wrapped is None else own.dataset.__getitem__,
-                               internals.is_sampler_wrapper)
+                               resume_internals.is_sampler_wrapper)
     generator = getattr(wrapped, "generator", None)
     return {**entry, "samples": len(loader.dataset),
             "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
 
 
 def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
-    """At the start of a fit resumed from a stop checkpoint that ``recorded`` the data's place (see :func:`record`),
-    before the loaders get their own positions back: deal the rest of the stopped epoch where the loaders' own
-    positions would not give it (a wrapped sampler, another number of ranks), or start the epoch over where the place
-    cannot be carried to another number of ranks."""
-    loaders = internals.training_loaders(trainer)
+    """At the start of a fit resumed from a stop checkpoint that ``recorded`` the data's place, before the loaders
+    get their own positions back: deal the rest of the stopped epoch where those would not give it (a wrapped
+    sampler, another number of ranks), or start the epoch over where the place cannot be carried."""
+    loaders = resume_internals.training_loaders(trainer)
     resumed = Resumed()
     if recorded is None or not loaders:
         return resumed
@@ -108,15 +90,16 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
         if why is not None:
             resumed.start_over.append(loader)  # not given its position: the epoch's first batch next
             resumed.changed = True
-            resumed.said.append(f"ddp_sigterm: the training loader's place in epoch {internals.epoch_now(trainer)} "
-                                f"cannot be carried from {before} ranks to {now} ({why}): the epoch starts over")
+            epoch = resume_internals.epoch_now(trainer)
+            resumed.said.append(f"ddp_sigterm: the training loader's place in epoch {epoch} cannot be carried from "
+                                f"{before} ranks to {now} ({why}): the epoch starts over")
     return resumed
 
 
 def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
     """Why the rest of the stopped epoch cannot be dealt over this fit's ranks, or None."""
     sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
-    if not internals.has_position(loader):
+    if not epoch_order.has_state(loader):
         return _no_state(loader)
     if entry is None:
         return "the stop recorded no place for it"
@@ -124,7 +107,7 @@ def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
         return str(entry["why"])
     if not isinstance(sampler, DistributedSampler):
         return f"its sampler, {type(sampler).__name__}, is not distributed"
-    if internals.has_position(sampler) and "yielded" not in sampler.state_dict():  # type: ignore[attr-defined]
+    if epoch_order.has_state(sampler) and "yielded" not in sampler.state_dict():  # type: ignore[attr-defined]
         return f"its sampler, {type(sampler).__name__}, keeps a position of its own"
     if len(loader.dataset) != entry["samples"]:
         return f"its dataset has {len(loader.dataset)} samples, {entry['samples']} at the stop"
@@ -132,10 +115,10 @@ def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
 
 
 def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Resumed) -> str | None:
-    """Have ``loader`` deal this rank's share of the rest of the recorded epoch, for this epoch; give the wrapped
-    sampler its generator back. Returns why it cannot, or None."""
+    """Have ``loader`` deal this rank's share of the rest of the recorded epoch and give the wrapped sampler its
+    generator back; returns why it cannot, or None."""
     position = EpochPosition.from_dict(entry["position"])
-    if position.epoch != internals.epoch_now(trainer) or position.trained == len(position.order):
+    if position.epoch != resume_internals.epoch_now(trainer) or position.trained == len(position.order):
         return None  # the stopped epoch was over
     batch_sampler = loader.batch_sampler
     own, own_length = batch_sampler.sampler, len(batch_sampler)
@@ -146,8 +129,8 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Re
         if trainer.limit_train_batches != 1.0:
             batch_sampler.sampler = own
             return f"limit_train_batches={trainer.limit_train_batches} cuts an epoch of another length"
-        resumed.lengths = internals.set_epoch_length(trainer, batches)
-    generator = getattr(internals.wrapped_sampler(own), "generator", None)
+        resumed.lengths = resume_internals.set_epoch_length(trainer, batches)
+    generator = getattr(resume_internals.wrapped_sampler(own), "generator", None)
     if entry["generator"] is not None and isinstance(generator, torch.Generator):
         generator.set_state(entry["generator"])  # its next draw is the next epoch's, as in the run that stopped
     resumed.changed = True
@@ -158,12 +141,6 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Re
 
 def _no_state(loader: Any) -> str:
     return f"{type(loader).__name__} has no state_dict: torchdata's StatefulDataLoader has"
-
-
-def epoch_over(trainer: Any, lengths: tuple[int | float, list[int | float] | None]) -> None:
-    """At the next training epoch's start, once an epoch the package dealt is over: give the fit the epoch length
-    and loader limits Lightning had set (see :attr:`Resumed.lengths`)."""
-    internals.set_epoch_length(trainer, *lengths)
 
 
 def _global_batch_size(trainer: Any, loaders: list[Any]) -> int | None:

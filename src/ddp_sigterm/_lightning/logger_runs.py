@@ -1,15 +1,7 @@
-"""The loggers' runs across a stop: the stop checkpoint records the run of each of the Trainer's loggers, and a fit
-resumed from it gives each logger its run back, so that one training is one TensorBoard or CSV version, one W&B run,
-one MLflow run, whatever the preemptions.
-
-``Trainer._run`` makes the loggers' runs before any callback hook (it resolves the first logger's version for the
-profiler's folder, then makes every logger's run before the callbacks' ``setup``), and the checkpoint it resumes
-from is in no attribute before that. So the runs are given back right after the Trainer chose the checkpoint
-(``_checkpoint_connector._select_ckpt_path``, followed by the instance the entry point adds: see
-:meth:`TrainerStop.entry_point`), before ``_run``, on global rank 0 only (its loggers are the ones that make
-runs), without collectives (the process group is not made yet). Only the Lightning loggers of
-:data:`internals.LOGGERS` are carried; a logger whose run is fixed before the fit (given a version or an id, or
-made already) keeps it, with a warning when it is not the stop's run.
+"""The loggers' runs across a stop: the stop checkpoint records each logger's run, and a fit resumed from it gives
+each its run back, so that one training is one TensorBoard or CSV version, one W&B run, one MLflow run. Given back
+on global rank 0, right after the Trainer chose the checkpoint and before ``Trainer._run`` makes the runs (see
+:meth:`TrainerStop.entry_point`); docs/trainer.md has the details.
 """
 
 from __future__ import annotations
@@ -21,27 +13,25 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from ddp_sigterm._lightning import internals, stop_checkpoints
+from ddp_sigterm._lightning.resume_internals import give_logger_run, logger_kind, logger_made, logger_run
 
 Runs = list[dict[str, Any] | None]
 
 
 def record(loggers: list[Any], distribution: str) -> Runs:
-    """What the stop checkpoint records of ``loggers``' runs (under ``stop_checkpoints.KEY``: ``{"logger_runs":
-    [...]}``, one entry per logger of ``trainer.loggers``, ``{"logger": <class>, "run": <run>}``, or None for a logger
-    whose run is not carried); ``distribution``: the Trainer's
-    (``lightning`` or ``pytorch_lightning``), whose release gates the internals."""
+    """What the stop checkpoint records of ``loggers``' runs: per logger ``{"logger": <class>, "run": <run>}``, or
+    None where its run is not carried. ``distribution``'s release gates the internals."""
     runs: Runs = []
     for logger in loggers:
-        kind = internals.logger_kind(logger)
-        run = None if kind is None or _unreachable(logger, kind, distribution) else internals.logger_run(logger, kind)
+        kind = logger_kind(logger)
+        run = None if kind is None or _unreachable(logger, kind, distribution) else logger_run(logger, kind)
         runs.append(None if run is None else {"logger": kind, "run": run})
     return runs
 
 
 def recorded(path: str) -> Runs:
-    """The runs the stop checkpoint at ``path`` recorded (empty for a checkpoint from before they were). A local
-    file is memory-mapped: only its small part that is not tensors is read; a remote one is read whole. Read as
-    Lightning reads a checkpoint it resumes from (``weights_only=False``): it is the job's own stop checkpoint."""
+    """The runs the stop checkpoint at ``path`` recorded (empty for one from before they were). A local file is
+    memory-mapped, so only its small part that is not tensors is read; ``weights_only=False``, as Lightning reads it."""
     fs, where = url_to_fs(path)
     if fs.isdir(where):  # a sharded checkpoint (FSDP's): its part that is not tensors
         where = f"{where.rstrip('/')}/meta.pt"
@@ -55,17 +45,16 @@ def recorded(path: str) -> Runs:
 
 
 def give_back(loggers: list[Any], runs: Runs, distribution: str) -> tuple[list[str], list[str]]:
-    """Give each of ``loggers`` the run recorded at its place in ``runs``, if it is of the same class and its own
-    run is not fixed yet. Returns what was given back (``"CSVLogger version 0"``) and a warning for each logger
-    that keeps another run."""
+    """Give each of ``loggers`` the run recorded at its place in ``runs``, if it is of the same class and its own run
+    is not fixed yet. Returns what was given back and a warning for each logger that keeps another run."""
     given, kept = [], []
     for logger, saved in zip(loggers, runs):
-        kind = internals.logger_kind(logger)
+        kind = logger_kind(logger)
         if saved is None or kind is None or kind != saved["logger"] or _unreachable(logger, kind, distribution):
             continue
-        current, run = internals.logger_run(logger, kind), saved["run"]
-        if current is None or (current == run and not internals.logger_made(logger, kind)):
-            internals.give_logger_run(logger, kind, run)  # (the stop's own version given in code: the CSV's rows)
+        current, run = logger_run(logger, kind), saved["run"]
+        if current is None or (current == run and not logger_made(logger, kind)):
+            give_logger_run(logger, kind, run)  # (the stop's own version given in code: the CSV's rows)
             given.append(f"{kind} {_name(kind)} {run}")
         elif current != run:
             kept.append(f"ddp_sigterm: the {kind} is given {_name(kind)} {current} before the fit: the fit resumed "

@@ -46,14 +46,14 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException
 
 from ddp_sigterm import slurm
-from ddp_sigterm._core import exit_codes
+from ddp_sigterm._core import epoch_order, exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.decision import StopDecision
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._core.stop_save import in_unison, save_in_unison
-from ddp_sigterm._lightning import internals, loader_positions, logger_runs, stop_checkpoints
+from ddp_sigterm._lightning import internals, loader_positions, logger_runs, resume_internals, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -233,9 +233,9 @@ class TrainerStop(Integration):
         if self._coordinator is None or not stop_checkpoints.is_one(trainer.ckpt_path):
             return
         resumed = loader_positions.resume(trainer, recorded)
-        given = internals.restore_loader_positions(trainer, positions, resumed.start_over)
+        given = resume_internals.restore_loader_positions(trainer, positions, resumed.start_over)
         if given or resumed.changed:
-            internals.remake_iterator(trainer)
+            resume_internals.remake_iterator(trainer)
         self._epoch_lengths = resumed.lengths
         for said in resumed.said:
             self.lightning.rank_zero_info(said)
@@ -246,10 +246,10 @@ class TrainerStop(Integration):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         lengths, self._epoch_lengths = self._epoch_lengths, None
         if lengths is not None:  # the epoch the package dealt is over
-            loader_positions.epoch_over(trainer, lengths)
+            resume_internals.set_epoch_length(trainer, *lengths)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        self._loader_positions = internals.saved_loader_positions(checkpoint)
+        self._loader_positions = resume_internals.saved_loader_positions(checkpoint)
         self._data_position = checkpoint.get(stop_checkpoints.KEY, {}).get(loader_positions.KEY)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
@@ -364,12 +364,12 @@ def _before_run(trainer: Any, stage: str, path: Any) -> None:
 
 def _positionless(iterables: Any) -> list[str]:
     """The class names of the training loaders in ``trainer.train_dataloader`` (a loader, or lists, tuples and
-    dicts of them) whose position a checkpoint cannot hold (see :func:`internals.has_position`)."""
+    dicts of them) whose position a checkpoint cannot hold (see :func:`epoch_order.has_state`)."""
     if isinstance(iterables, dict):
         return [name for value in iterables.values() for name in _positionless(value)]
     if isinstance(iterables, (list, tuple)):
         return [name for value in iterables for name in _positionless(value)]
-    return [] if iterables is None or internals.has_position(iterables) else [type(iterables).__name__]
+    return [] if iterables is None or epoch_order.has_state(iterables) else [type(iterables).__name__]
 
 
 def _same_world(world_size: int) -> bool:
