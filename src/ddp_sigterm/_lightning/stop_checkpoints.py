@@ -1,21 +1,18 @@
-"""The Trainer's stop checkpoints: where they go, which one a relaunch resumes from, how many stay.
-
-They keep Lightning's name, ``hpc_ckpt_<N>.ckpt`` (``N`` one more than the highest there), so that
-``ckpt_path="hpc"`` and Lightning's own resume under SLURM find them in ``default_root_dir``. The
-directory may be any fsspec URL, as ``default_root_dir`` may (``TrainerSettings.checkpoint_dir``).
-"""
+"""The Trainer's stop checkpoints: where they go, which one a relaunch resumes from, how many stay. They keep
+Lightning's name, ``hpc_ckpt_<N>.ckpt``, so that ``ckpt_path="hpc"`` and its resume under SLURM find them."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from fsspec.core import url_to_fs
 
 from ddp_sigterm._core.log import logger
+from ddp_sigterm._lightning.settings import TrainerSettings
 
 KEY = "ddp_sigterm"
-"""A stop checkpoint's entry of the package's own (Lightning loads a checkpoint's other entries and ignores it): the
-loggers' runs (:mod:`logger_runs`) and the training data's place (:mod:`loader_positions`)."""
+"""A stop checkpoint's entry of the package's own, which Lightning ignores: the loggers' runs and the data's place."""
 
 _NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
@@ -26,8 +23,8 @@ def is_one(path: object) -> bool:
 
 
 def saved(directory: str) -> list[str]:
-    """The stop checkpoints in ``directory``, oldest (lowest ``N``) first, as paths in the form of
-    ``directory`` (a URL stays a URL). Empty if the directory does not exist."""
+    """The stop checkpoints in ``directory``, oldest (lowest ``N``) first, in the form of ``directory`` (a URL stays a
+    URL); empty if the directory does not exist."""
     fs, root = url_to_fs(directory)
     fs.invalidate_cache(root)  # another process (a previous attempt, another rank) wrote there
     if not fs.isdir(root):
@@ -48,8 +45,8 @@ def newest(directory: str) -> str | None:
 
 
 def keep_newest(directory: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` stop checkpoints of ``directory`` (0: keep all); returns the
-    paths deleted. A deletion that fails is logged as a warning: the new checkpoint is saved already."""
+    """Delete all but the newest ``keep`` stop checkpoints of ``directory`` (0: keep all); returns the paths deleted.
+    A failed deletion is a warning: the new checkpoint is saved already."""
     if keep <= 0:
         return []
     fs, _ = url_to_fs(directory)
@@ -57,7 +54,7 @@ def keep_newest(directory: str, keep: int) -> list[str]:
     for path in saved(directory)[:-keep]:
         try:
             fs.rm(url_to_fs(path)[1], recursive=True)
-        except Exception as error:  # the stop succeeded; an old file left behind is worth a warning, no more
+        except Exception as error:  # the stop succeeded: an old file left behind is worth a warning, no more
             logger.warning("could not delete the old stop checkpoint %s: %s: %s", path, type(error).__name__, error)
         else:
             deleted.append(path)
@@ -65,3 +62,18 @@ def keep_newest(directory: str, keep: int) -> list[str]:
         logger.info("deleted %d old stop checkpoint(s), keeping the newest %d: %s", len(deleted), keep,
                     ", ".join(deleted))
     return deleted
+
+
+def directory(trainer: Any, settings: TrainerSettings) -> str:
+    return settings.checkpoint_dir or str(trainer.default_root_dir)
+
+
+def newest_on_every_rank(trainer: Any, settings: TrainerSettings) -> str | None:
+    """Global rank 0's newest stop checkpoint, on every rank (a collective: every rank resumes from the same file, or
+    none does)."""
+    found = newest(directory(trainer, settings)) if trainer.is_global_zero else None
+    chosen: str | None = trainer.strategy.broadcast(found, src=0)
+    if chosen is not None:
+        logger.info("rank %d of %d: fit started without ckpt_path resumes from the newest stop checkpoint, %s "
+                    "(DDP_SIGTERM_RESUME)", trainer.global_rank, trainer.world_size, chosen)
+    return chosen

@@ -1,43 +1,15 @@
-"""The Trainer callback's behaviour: every rank stops at the same step on a stop signal.
+"""The Trainer callback's behaviour, shared by both Lightning distributions: every rank stops at the same step.
 
-Shared by both Lightning distributions (``lightning_integration`` for ``lightning.pytorch``,
-``pytorch_lightning_integration`` for the standalone ``pytorch_lightning``); Lightning itself is
-not imported here. What it changes in the Trainer it is attached to, for the duration of a run:
-
-* Lightning's SIGTERM notifier (which broadcasts from inside the signal handler in 2.5.2+) is
-  replaced by :meth:`SignalRecorder.record`; Lightning still composes, chains and restores the
-  handlers. ``trainer.received_sigterm`` stays False until the stop is agreed, so Lightning's three
-  raises on the local flag never fire before the agreement.
-* The per-batch broadcast from rank 0 in the training epoch loop (2.5.2+) is switched off.
-* Under SLURM with auto-requeue, Lightning's requeue handler (which saves and runs ``scontrol
-  requeue`` inside the handler) is replaced by the same recorder: the requeue signal stops the job
-  like SIGTERM, and after the stop checkpoint global rank 0 requeues the job, once. It requeues a
-  job that SLURM is preempting too (see :func:`slurm.preempted`): SLURM itself requeues only a
-  preempted job that outlives a non-zero grace time (with ``GraceTime=0`` it requeues at once).
-* At every optimizer-step boundary and every evaluation batch end the coordinator is asked
-  ``should_stop``; at the agreed stop each rank saves ``hpc_ckpt_<N>.ckpt`` (during ``fit``) and
-  raises ``SIGTERMException(128 + signal)``, which Lightning routes through ``on_exception``. A save
-  or requeue that fails on any rank makes every rank raise :class:`StopError` instead.
-* A fit resumed from a stop checkpoint gives its stateful training loaders (``state_dict`` and
-  ``load_state_dict``, as torchdata's StatefulDataLoader) their saved positions again at the start of
-  training, after setting the samplers' epoch, and makes the data fetcher's iterator again: Lightning gives
-  them back before the epoch is set, and drops them when the data was set up before the restore (#20550).
-  A plain DataLoader has no position: the stop says so, once, on rank 0.
-* The stop checkpoint records the loggers' runs (TensorBoard's and CSV's version, W&B's and MLflow's run); a fit
-  resumed from it gives them back before the Trainer makes them (before any callback hook: the instance the entry
-  point adds follows the Trainer's choice of checkpoint), so the resumed run appends to them (:mod:`logger_runs`).
-* Evaluation and prediction loops may run a different number of batches per rank (prediction
-  shards without padding): at the first hook after such a loop (``on_*_epoch_end``) each rank
-  waits, still agreeing, until every rank has left it.
-
-Every private name of Lightning it reaches is in :mod:`ddp_sigterm._lightning.internals`: if one is
-missing from the running release, the callback warns naming it and leaves the Trainer to stock Lightning.
+For the duration of a run it routes Lightning's SIGTERM and SLURM requeue handlers to the recorder, switches off
+rank 0's per-batch broadcast, asks the coordinator at every optimizer-step boundary and evaluation batch end, and at
+the agreed stop saves ``hpc_ckpt_<N>.ckpt``, requeues under SLURM and raises ``SIGTERMException(128 + signal)``. A
+fit resumed from a stop checkpoint gets its loaders' positions and its loggers' runs back. docs/how-it-works.md and
+docs/trainer.md have the account; every private name of Lightning it reaches is in :mod:`internals`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import signal
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -45,15 +17,12 @@ from typing import Any
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException
 
-from ddp_sigterm import slurm
-from ddp_sigterm._core import epoch_order, exit_codes
+from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.decision import StopDecision
-from ddp_sigterm._core.log import logger
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
-from ddp_sigterm._core.stop_save import in_unison, save_in_unison
-from ddp_sigterm._lightning import internals, loader_positions, logger_runs, resume_internals, stop_checkpoints
+from ddp_sigterm._lightning import at_stop, internals, loader_positions, logger_runs, resume_internals, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -62,8 +31,7 @@ _TRAINER_FIELDS = {field.name for field in dataclasses.fields(TrainerSettings)}
 
 @dataclasses.dataclass(frozen=True)
 class Lightning:
-    """What the callback takes from the Lightning it runs in: ``lightning`` (``lightning.pytorch``
-    with ``lightning.fabric``) or the standalone ``pytorch_lightning`` (with ``lightning_fabric``),
+    """What the callback takes from the Lightning it runs in: ``lightning`` or the standalone ``pytorch_lightning``,
     whose classes are distinct."""
 
     distribution: str  # "lightning" or "pytorch_lightning": its version gates the internals
@@ -76,8 +44,7 @@ class Lightning:
 
 
 class TrainerStop(Integration):
-    """The Trainer callback's behaviour, for either Lightning distribution: a subclass adds that
-    distribution's ``Callback`` base and sets :attr:`lightning` (see ``lightning_integration``)."""
+    """The Trainer callback: a subclass adds a distribution's ``Callback`` base and sets :attr:`lightning`."""
 
     lightning: Lightning
 
@@ -91,7 +58,6 @@ class TrainerStop(Integration):
         self._data_position: dict[str, Any] | None = None  # what the stop checkpoint it resumes from recorded
         self._epoch_lengths: tuple[Any, Any] | None = None  # the fit's own, while the package deals an epoch
 
-    # -- set-up and tear-down ------------------------------------------------------------------
     def _steps_aside(self, trainer: Any) -> bool:
         return not self.settings.enabled or acting(trainer.callbacks, TrainerStop) is not self
 
@@ -105,22 +71,20 @@ class TrainerStop(Integration):
         if self._steps_aside(trainer) or not _same_world(trainer.world_size) or not self._supported(trainer):
             return
         requeue = internals.requeue_signal(trainer, self.lightning.slurm_environment)
-        # The agreement's ranks are the Trainer's: a one-process Trainer (a one-device test after a
-        # multi-device fit, in the same process) agrees with no one, whatever the default group holds.
+        # the agreement's ranks are the Trainer's: a one-process Trainer agrees with no one, whatever the default group
         coordinator = StopCoordinator(self.settings, requeue_signal=requeue, distributed=trainer.world_size > 1,
                                       on_decided=[internals.retire_child_watch],
                                       routed_signals=internals.routed_signals(requeue),
                                       notice=self.notice_settings)
-        # SIGTERM and SLURM's requeue signal go through Lightning's connector (it chains and
-        # restores); other signals are installed by the recorder once the connector has
-        # registered, in _on_stage_start.
+        # SIGTERM and the requeue signal go through Lightning's connector; the others are installed at the stage start
         coordinator.start(install_handlers=False)
         if not coordinator.integration.acting:  # no groups (it warned): the Trainer is left to stock Lightning
             return
         self._coordinator, self._trainer = coordinator, trainer
         internals.take_signal_handlers(trainer, coordinator.integration.record, self.lightning.distribution)
         if stage == "fit" and self._resumes_when_not_told():
-            internals.resume_when_not_told(trainer, lambda: _newest_stop_checkpoint(trainer, self.trainer_settings))
+            settings = self.trainer_settings
+            internals.resume_when_not_told(trainer, lambda: stop_checkpoints.newest_on_every_rank(trainer, settings))
 
     def _resumes_when_not_told(self) -> bool:
         """Whether a fit started without ``ckpt_path`` resumes from the newest stop checkpoint: ``resume``, or a
@@ -130,8 +94,8 @@ class TrainerStop(Integration):
 
     @classmethod
     def entry_point(cls) -> list[Any]:
-        """The instance the entry point adds to the Trainer being made; that Trainer's choice of the checkpoint a
-        fit resumes from is followed by :func:`_before_run` (see :func:`internals.before_run`)."""
+        """The instance the entry point adds to the Trainer being made, whose choice of checkpoint is then followed
+        by :func:`_before_run`."""
         instances = super().entry_point()
         trainer = internals.trainer_being_made(cls.lightning.trainer) if instances else None
         gone = [] if trainer is None else internals.missing(trainer, internals.BEFORE_RUN, cls.lightning.distribution)
@@ -143,15 +107,13 @@ class TrainerStop(Integration):
         return instances
 
     def _give_logger_runs_back(self, trainer: Any, path: Any) -> None:
-        """Before a fit that resumes from a stop checkpoint makes its loggers' runs (``path``: Lightning's choice, or
-        the package's when it resumes without ``ckpt_path``), give every logger the run the checkpoint recorded. On
-        global rank 0 only, the one whose loggers make runs, known here from the environment (node 0, local rank 0:
-        ``ddp_spawn``'s processes learn their global rank only in ``_run``). A failure is a warning: the loggers then
-        make new runs, as stock Lightning's do."""
+        """Before a fit resumed from the stop checkpoint ``path`` makes its loggers' runs, give each the run recorded.
+        Global rank 0 only, known from node and local rank (``ddp_spawn`` sets the global rank later, in ``_run``).
+        A failure is a warning: the loggers then make new runs, as stock Lightning's do."""
         if trainer.node_rank != 0 or trainer.local_rank != 0:
             return
         if path is None and self._resumes_when_not_told() and self._supported(trainer):  # what setup's resume chooses
-            path = stop_checkpoints.newest(_stop_checkpoint_dir(trainer, self.trainer_settings))
+            path = stop_checkpoints.newest(stop_checkpoints.directory(trainer, self.trainer_settings))
         if not stop_checkpoints.is_one(path):
             return
         try:
@@ -167,9 +129,8 @@ class TrainerStop(Integration):
             self.lightning.rank_zero_info(f"ddp_sigterm: the loggers continue the stop's runs: {', '.join(given)}")
 
     def _supported(self, trainer: Any) -> bool:
-        """Whether the running Lightning has every internal the callback needs; if not, a warning
-        names what is missing and the Trainer runs as stock Lightning runs it. A release outside the
-        tested range gets a warning too."""
+        """Whether the running Lightning has every internal the callback needs; if not, a warning names what is
+        missing and the Trainer runs as stock Lightning runs it. An untested release gets a warning too."""
         name, version = self.lightning.distribution, self.lightning.version
         gone = internals.missing(trainer, internals.TRAINER, name) + \
             internals.missing(internals.launchers(self.lightning.fabric), internals.LAUNCHER, name)
@@ -181,10 +142,6 @@ class TrainerStop(Integration):
         if untested:
             internals.warn_once(untested)
         return True
-
-    def _on_stage_start(self) -> None:
-        if self._coordinator is not None:
-            self._coordinator.integration.install_handlers()
 
     def _close(self) -> None:
         coordinator, trainer = self._coordinator, self._trainer
@@ -204,9 +161,8 @@ class TrainerStop(Integration):
             self._exit_as_the_ranks(trainer, exception)
 
     def _exit_as_the_ranks(self, trainer: Any, exception: ProcessExitedException) -> None:
-        """The launching process of ``ddp_spawn`` (not a rank: its ``fit`` waits for the spawned ranks)
-        learns that a rank ended with a stop's exit code: after Lightning's own exception handling and
-        teardown, it ends with the same code, as the ranks did, instead of torch's traceback and 1."""
+        """In ``ddp_spawn``'s launching process, a rank that ended with a stop's exit code: end with the same code,
+        after Lightning's own exception handling and teardown, instead of torch's traceback and 1."""
         code = exception.exit_code
         requeue = internals.requeue_signal(trainer, self.lightning.slurm_environment)
         signals = stop_signals(self.settings.signal_numbers, requeue, internals.routed_signals(requeue))
@@ -221,12 +177,15 @@ class TrainerStop(Integration):
                                       f"code {code}: the launching process exits with it")
         internals.raise_after_teardown(trainer, ending)
 
-    # -- check points --------------------------------------------------------------------------
+    def _stage_start(self, trainer: Any, pl_module: Any) -> None:
+        if self._coordinator is not None:
+            self._coordinator.integration.install_handlers()
+
+    on_validation_start = on_test_start = on_predict_start = _stage_start
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._on_stage_start()
-        # a resume from a stop checkpoint (hpc_ckpt_<N>.ckpt) gets its loaders' positions back in the epoch it
-        # resumes in, and the rest of that epoch where their own positions would not give it; any other resume is
-        # left as stock Lightning runs it
+        self._stage_start(trainer, pl_module)
+        # only a resume from a stop checkpoint gets its loaders' positions, and where needed the rest of the epoch
         positions, self._loader_positions = self._loader_positions, []
         recorded, self._data_position = self._data_position, None
         self._epoch_lengths = None
@@ -245,75 +204,45 @@ class TrainerStop(Integration):
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         lengths, self._epoch_lengths = self._epoch_lengths, None
-        if lengths is not None:  # the epoch the package dealt is over
+        if lengths is not None:  # the epoch the package dealt is over: Lightning's own length again
             resume_internals.set_epoch_length(trainer, *lengths)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         self._loader_positions = resume_internals.saved_loader_positions(checkpoint)
         self._data_position = checkpoint.get(stop_checkpoints.KEY, {}).get(loader_positions.KEY)
 
-    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
-        self._on_stage_start()
-
-    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
-        self._on_stage_start()
-
-    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
-        self._on_stage_start()
-
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.
         if self._coordinator is not None and internals.optimizer_stepped(trainer):
             self._stop_if(trainer, self._coordinator.should_stop)
 
-    def on_validation_batch_end(self, trainer: Any, *args: Any) -> None:
-        self._at_boundary(trainer)
-
-    def on_test_batch_end(self, trainer: Any, *args: Any) -> None:
-        self._at_boundary(trainer)
-
-    def on_predict_batch_end(self, trainer: Any, *args: Any) -> None:
-        self._at_boundary(trainer)
-
-    # Ranks may leave an evaluation or prediction loop after different numbers of batches.
-    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._on_leaving(trainer)
-
-    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._on_leaving(trainer)
-
-    def on_predict_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        self._on_leaving(trainer)
-
-    # A signal after the last check point must not be lost: one final agreement per run.
-    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        self._at_end(trainer)
-
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        if trainer.state.fn != "fit":
-            self._at_end(trainer)
-
-    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
-        self._at_end(trainer)
-
-    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
-        self._at_end(trainer)
-
-    def _at_boundary(self, trainer: Any) -> None:
+    def _at_boundary(self, trainer: Any, *args: Any) -> None:
         if self._coordinator is not None:
             self._stop_if(trainer, self._coordinator.should_stop)
 
-    def _on_leaving(self, trainer: Any) -> None:
+    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _at_boundary
+
+    def _on_leaving(self, trainer: Any, pl_module: Any) -> None:
+        """Ranks may leave an evaluation or prediction loop after different numbers of batches."""
         if self._coordinator is not None:
             self._stop_if(trainer, self._coordinator.should_stop_on_leaving)
 
-    def _at_end(self, trainer: Any) -> None:
+    on_validation_epoch_end = on_test_epoch_end = on_predict_epoch_end = _on_leaving
+
+    def _at_end(self, trainer: Any, pl_module: Any) -> None:
+        """A signal after the last check point must not be lost: one final agreement per run."""
         if self._coordinator is not None:
             self._stop_if(trainer, self._coordinator.decide_now)
 
+    on_train_end = on_test_end = on_predict_end = _at_end
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.state.fn != "fit":
+            self._at_end(trainer, pl_module)
+
     def _stop_if(self, trainer: Any, stops: Callable[[int], bool]) -> None:
-        """If ``stops(step)`` (one of the coordinator's questions, asked on every rank at the same point)
-        says stop: save the stop checkpoint, requeue under SLURM, raise ``SIGTERMException(128 + signal)``."""
+        """If ``stops(step)``, one of the coordinator's questions asked on every rank at the same point, says stop:
+        save the stop checkpoint, requeue under SLURM, raise ``SIGTERMException(128 + signal)``."""
         coordinator = self._coordinator
         step = trainer.global_step
         if coordinator is None or not stops(step) or (decision := coordinator.decision) is None:
@@ -321,31 +250,21 @@ class TrainerStop(Integration):
         try:
             exception = self._stop(trainer, coordinator, decision, step)
         finally:
-            # Closed here, on every rank at the same point, whatever the stop's save did: a rank that ddp_spawn
-            # started runs fit without Lightning's exception handling (only the launching process calls
-            # on_exception), so no other hook would close it there, and its heartbeat still beating while the
-            # interpreter finalizes aborts the rank (issue 36, finding 8). on_exception's close is then a no-op.
+            # closed here on every rank, whatever the save did: a ddp_spawn rank gets no on_exception, and a heartbeat
+            # still beating while the interpreter finalizes aborts it (docs/reliability.md)
             self._close()
         raise exception
 
     def _stop(self, trainer: Any, coordinator: StopCoordinator, decision: StopDecision, step: int) -> BaseException:
         """The agreed stop's work on this rank: the stop checkpoint, the requeue; returns the exception to raise."""
-        # Lightning puts its saved handlers back at teardown, after this callback has closed: make that
-        # SIG_IGN for the signals the runtime ignores after a stop, so a late signal cannot change the exit code.
         internals.mark_stopped(trainer, coordinator.integration.ignored_after_stop)
         agreed = f"ddp_sigterm: {coordinator.integration.stop_cause} received, every rank stops at step {step}"
         if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
-            saved = _save_stop_checkpoint(trainer, coordinator, self.trainer_settings, step,
-                                          self.lightning.distribution)
+            saved = at_stop.save_checkpoint(trainer, coordinator, self.trainer_settings, step,
+                                            self.lightning.distribution)
             agreed += f"; checkpoint saved to {saved}"
-            positionless = _positionless(trainer.train_dataloader) if trainer.is_global_zero else []
-            if positionless:
-                logger.warning("ddp_sigterm: the training DataLoader's position in its epoch is not saved (%s has no "
-                               "state_dict): the resumed run starts this epoch over and trains again on its batches "
-                               "so far. torchdata's StatefulDataLoader, a drop-in replacement, is saved and restored "
-                               "(docs/trainer.md)", ", ".join(positionless))
         if coordinator.integration.requeue_signal is not None:  # SLURM, auto-requeue on
-            requeued = _requeue(trainer, coordinator, decision, coordinator.integration.requeue_signal, step)
+            requeued = at_stop.requeue(trainer, coordinator, decision, coordinator.integration.requeue_signal, step)
             agreed += f"; SLURM job {requeued}" if requeued else ""
         self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = self.lightning.sigterm_exception(decision.exit_code)
@@ -354,101 +273,19 @@ class TrainerStop(Integration):
 
 
 def _before_run(trainer: Any, stage: str, path: Any) -> None:
-    """After the Trainer chose the checkpoint a run restores (``path``), before the run makes the loggers' runs: a
-    fit gives the loggers the runs of the stop checkpoint it resumes from (see :meth:`TrainerStop.entry_point`)."""
+    """After the Trainer chose the checkpoint ``path`` and before the run makes the loggers' runs: a fit gives the
+    loggers the stop checkpoint's runs."""
     stop = acting(trainer.callbacks, TrainerStop)
     if stage == "fit" and stop is not None and not stop._steps_aside(trainer) \
             and stop.trainer_settings.resume_logger_runs:
         stop._give_logger_runs_back(trainer, path)
 
 
-def _positionless(iterables: Any) -> list[str]:
-    """The class names of the training loaders in ``trainer.train_dataloader`` (a loader, or lists, tuples and
-    dicts of them) whose position a checkpoint cannot hold (see :func:`epoch_order.has_state`)."""
-    if isinstance(iterables, dict):
-        return [name for value in iterables.values() for name in _positionless(value)]
-    if isinstance(iterables, (list, tuple)):
-        return [name for value in iterables for name in _positionless(value)]
-    return [] if iterables is None or epoch_order.has_state(iterables) else [type(iterables).__name__]
-
-
 def _same_world(world_size: int) -> bool:
-    """A multi-process Trainer runs on the whole default group (Lightning's collectives use it); if the
-    two disagree, stock Lightning's own collectives cannot work either: the callback steps aside."""
+    """Whether the Trainer runs on the whole default group, as Lightning's own collectives need; else a warning."""
     if world_size == 1 or (dist.is_initialized() and dist.get_world_size() == world_size):
         return True
     found = dist.get_world_size() if dist.is_initialized() else "no process group"
     warnings.warn(f"ddp_sigterm: the Trainer runs on {world_size} processes but the default process group has "
                   f"{found}: the stop agreement is switched off for this Trainer", stacklevel=2)
     return False
-
-
-def _save_stop_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: TrainerSettings, step: int,
-                          distribution: str) -> str | None:
-    """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt``, which also records the loggers' runs
-    (:mod:`logger_runs`), in the stop-checkpoint directory (see
-    :func:`save_in_unison`: a save cut short never leaves a checkpoint that resuming would pick; a
-    failure on any rank raises :class:`StopError` on every rank); then rank 0 deletes all but the newest
-    ``keep_checkpoints``. Returns the path on rank 0."""
-    directory = _stop_checkpoint_dir(trainer, settings)
-    path, dump = internals.hpc_checkpoint(trainer, directory)  # only rank 0's path is used: it renames
-
-    def write(partial: str) -> None:
-        checkpoint = dump()
-        checkpoint[stop_checkpoints.KEY] = {"logger_runs": logger_runs.record(trainer.loggers, distribution)}
-        if trainer.is_global_zero:  # the rank that writes what is not tensors (sharded checkpoints too)
-            checkpoint[stop_checkpoints.KEY][loader_positions.KEY] = loader_positions.record(trainer)
-        trainer.strategy.save_checkpoint(checkpoint, partial)
-
-    saved = save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
-    if trainer.is_global_zero:
-        stop_checkpoints.keep_newest(directory, settings.keep_checkpoints)
-    return saved
-
-
-def _stop_checkpoint_dir(trainer: Any, settings: TrainerSettings) -> str:
-    return settings.checkpoint_dir or str(trainer.default_root_dir)
-
-
-def _newest_stop_checkpoint(trainer: Any, settings: TrainerSettings) -> str | None:
-    """Global rank 0's newest stop checkpoint, on every rank (a collective: every rank resumes from the
-    same file, or every rank starts afresh)."""
-    found = stop_checkpoints.newest(_stop_checkpoint_dir(trainer, settings)) if trainer.is_global_zero else None
-    newest: str | None = trainer.strategy.broadcast(found, src=0)
-    if newest is not None:
-        logger.info("rank %d of %d: fit started without ckpt_path resumes from the newest stop checkpoint, %s "
-                    "(DDP_SIGTERM_RESUME)", trainer.global_rank, trainer.world_size, newest)
-    return newest
-
-
-def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision, requeue_signal: int,
-             step: int) -> str | None:
-    """After the stop checkpoint, global rank 0 runs ``scontrol requeue`` once if the stop is the
-    requeue signal's or SLURM is preempting the job; every rank learns the outcome (a failed requeue
-    raises :class:`StopError` everywhere). When ``scontrol show job`` cannot tell whether SLURM is
-    preempting the job, rank 0 warns with its error and does not requeue: the stop itself succeeded,
-    and a SIGTERM is most often not a preemption. Returns, on rank 0 if it requeued the job,
-    ``"<job id> requeued: <why>"``."""
-
-    def requeue_on_rank_0() -> str | None:
-        if not trainer.is_global_zero:
-            return None
-        if decision.requeue:
-            why = f"{coordinator.integration.stop_cause} came" if decision.notice else \
-                f"{signal.Signals(requeue_signal).name} is its requeue signal"
-        else:
-            try:
-                preempt_time = slurm.preempted()
-            except slurm.RequeueError as error:
-                warnings.warn(f"{error}; cannot tell whether SLURM is preempting the job: it is not requeued",
-                              stacklevel=2)
-                return None
-            if preempt_time is None:
-                return None
-            why = f"SLURM is preempting it (PreemptTime={preempt_time})"
-        requeued = f"{slurm.requeue()} requeued: {why}"
-        logger.info("rank %d of %d: SLURM job %s", trainer.global_rank, trainer.world_size, requeued)
-        return requeued
-
-    with coordinator.integration.waiting_for("`scontrol show job` / `scontrol requeue` (global rank 0)"):
-        return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)
