@@ -79,10 +79,11 @@ class GlooPort:
             work.wait()
         except Exception:
             return Beat(False, 0, True)
-        # Whoever frees a work last frees its hold on the tensor, which needs the GIL. Freed by gloo's own thread, that
-        # makes a Python thread state without the GIL, under the interpreter's lock of thread states: a DataLoader
-        # worker forked then inherits the lock taken and hangs (CPython < 3.11.10 and 3.12.0, gh-112275). Held
-        # until the next beat, the work is freed by this thread instead.
+        # Whoever frees a work last frees its hold on the tensor, which needs the GIL. Freed by gloo's own worker thread
+        # that makes a Python thread state under the interpreter's lock of thread states (a DataLoader worker forked
+        # then hangs: CPython < 3.11.10, gh-112275), and once the interpreter finalizes, taking the GIL ends that
+        # thread in pthread_exit and aborts the process. Held until the next beat (the last one: until the port
+        # goes, with the main thread), a work is never freed by gloo's thread.
         self._held = work
         return Beat(bool(self._beat[0]), int(self._beat[1]), bool(self._beat[2]))
 
