@@ -112,30 +112,25 @@ class HeartbeatCost(Callback):
     NOTICE_THREAD = "ddp_sigterm-notice"
 
     def __init__(self) -> None:
-        self.waited = 0.0
         self.started = time.perf_counter()
         self.cost: dict | None = None
+        self.drivers: list = []
         try:
             from ddp_sigterm._core.port import Driver
         except ImportError:  # the patched Lightning: no package
             return
-        run = Driver.run
+        init = Driver.__init__
 
-        def timed(driver, sequence, run=run):  # the main thread's part of each boundary, its waits for a beat included
-            if threading.current_thread() is not threading.main_thread():
-                return run(driver, sequence)
-            started = time.perf_counter()
-            try:
-                return run(driver, sequence)
-            finally:
-                self.waited += time.perf_counter() - started
+        def kept(driver, *args, init=init, **kwargs):  # every driver of the job: its main thread's waits for a beat
+            init(driver, *args, **kwargs)
+            self.drivers.append(driver)
 
-        Driver.run = timed
+        Driver.__init__ = kept
 
     def on_train_end(self, trainer, pl_module):
         threads = [t for t in threading.enumerate() if t.name in self.THREADS]
         cpu = sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in threads if t.ident)
-        self.cost = {"threads": len(threads), "cpu_s": cpu, "waited_s": self.waited,
+        self.cost = {"threads": len(threads), "cpu_s": cpu, "waited_s": sum(d.waited for d in self.drivers),
                      "wall_s": time.perf_counter() - self.started}
         # the cloud notice watcher's thread (BENCH_NOTICE jobs: local rank 0 polls a metadata service)
         watch = [t for t in threading.enumerate() if t.name == self.NOTICE_THREAD and t.ident]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -97,6 +98,7 @@ class Driver:
                  naming: Callable[[str], contextlib.AbstractContextManager[None]]) -> None:
         self.schedule, self.port, self._naming = schedule, port, naming
         self._lock = threading.Condition()
+        self.waited = 0.0  # seconds spent in waits for a beat in flight (benchmarks/job.py reads it)
 
     def run(self, sequence: Sequence) -> bool:
         answer: Vote | Beat | None = None
@@ -109,7 +111,9 @@ class Driver:
                     return bool(end.value)
                 self._lock.notify_all()
                 if isinstance(request, Wait):
+                    began = time.perf_counter()
                     self._lock.wait_for(request.until)
+                    self.waited += time.perf_counter() - began
                     answer = None
                     continue
                 where = self.schedule.where
