@@ -95,3 +95,18 @@ def test_a_misspelt_variable_warns_and_is_an_error_where_the_package_acts() -> N
     with pytest.raises(SettingsError, match=r"DDP_SIGTERM_STOP_DEADLIN; known: .*DDP_SIGTERM_STOP_DEADLINE"):
         Settings.check_environment(typo)
     Settings.check_environment({"DDP_SIGTERM_STOP_DEADLINE": "600", "OTHER": "1"})  # nothing unknown: no error
+
+
+def test_keyword_overrides_go_to_the_component_whose_field_they_name(monkeypatch) -> None:
+    """``UnisonStop(...)`` and ``FabricStop(...)`` take every component's fields, each to its own settings."""
+    from ddp_sigterm.fabric import FabricStop
+    from ddp_sigterm.lightning_integration import UnisonStop
+
+    for name in ("DDP_SIGTERM_NOTICE", "DDP_SIGTERM_MAX_DELAY", "DDP_SIGTERM_CHECKPOINT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    stop = UnisonStop(max_delay=0.5, notice="AWS", checkpoint_dir="/ckpt")
+    assert (stop.settings.max_delay, stop.notice_settings.notice, stop.trainer_settings.checkpoint_dir) == \
+        (0.5, "aws", "/ckpt")
+    assert FabricStop(notice_period=0.5).notice_settings.notice_period == 0.5
+    with pytest.raises(TypeError):
+        UnisonStop(notice_every=3)  # a field of no component
