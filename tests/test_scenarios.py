@@ -96,13 +96,13 @@ def test_ddp_spawn_launching_process_exits_like_its_ranks(tmp_path: Path, strate
     _assert_spawned_stop_exits_143(result)
 
 
-@pytest.mark.extended  # 10 jobs of ~16 s
-@pytest.mark.parametrize("run", range(10))
+@pytest.mark.extended  # 3 jobs of ~16 s (the abort's cause is found: see the crash test below)
+@pytest.mark.parametrize("run", range(3))
 def test_ddp_spawn_stop_exits_143_every_time(tmp_path: Path, run: int) -> None:
     """Issue 36, finding 8: a spawned rank aborted now and then at its exit after the stop ("terminate called
     without an active exception", 1 run in 10), and the launching process exited 1 with torch's traceback: its
     coordinator was never closed (a spawned rank runs fit without Lightning's exception handling), and the heartbeat
-    still beat while the interpreter finalized. The same stop, 10 times (one test each: make test-extended's workers
+    still beat while the interpreter finalized. The same stop, 3 times (one test each: make test-extended's workers
     share them)."""
     result = fit(tmp_path, Scenario(inject="1:2:batch_start", strategy="ddp_spawn"), mode="lightning")
     _assert_spawned_stop_exits_143(result)
