@@ -28,7 +28,7 @@ def main() -> None:
     until, boundary = time.monotonic() + float(os.environ["HEARTBEAT_SECONDS"]), 0
     while time.monotonic() < until:
         boundary += 1
-        driver.run(schedule.passing(boundary, False))
+        driver.run(schedule.passing, boundary, False)
         time.sleep(0.001)
     heartbeat.end()
     thread.join(10)

@@ -69,16 +69,16 @@ class StopCoordinator:
 
     def should_stop(self, step: int | None = None) -> bool:
         """Call at every step boundary on every rank: True on every rank at the same boundary, and from then on."""
-        return self._inner.run(lambda schedule: schedule.passing(step, self._inner.signalled()))
+        return self._inner.run(self._inner.schedule.passing, step, self._inner.signalled())
 
     def should_stop_on_leaving(self, step: int | None = None) -> bool:
         """Call on every rank as it leaves a loop whose length may differ between ranks (evaluation,
         prediction): votes with the ranks still in it until all have left, then the same answer everywhere."""
-        return self._inner.run(lambda schedule: schedule.leaving(step))
+        return self._inner.run(self._inner.schedule.leaving, step)
 
     def decide_now(self, step: int | None = None) -> bool:
         """Agree now, on every rank at the same point: once at the end of a run, so a late signal is not lost."""
-        return self._inner.run(lambda schedule: schedule.now(step))
+        return self._inner.run(self._inner.schedule.now, step)
 
     def close(self, redeliver: bool = True) -> None:
         """Every rank, same point: handlers back, threads ended, groups destroyed; a run that did not stop leaves
@@ -183,15 +183,16 @@ class IntegrationView:
         """Switched on, and not stepped aside at ``start``."""
         return self.settings.enabled and self.stepped_aside is None
 
-    def run(self, sequence: Callable[[StopSchedule], Steps]) -> bool:
-        """Run one of the schedule's sequences; at the agreed stop, log it and run the runtime's part."""
+    def run(self, start: Callable[..., bool | Steps], *args: object) -> bool:
+        """Run one of the schedule's sequences on the driver; at the agreed stop, log it and run the runtime's
+        part."""
         if self.schedule.decision is not None:
             return True
         if not self.acting or self._closed:
             return False
         if self._driver is None:
             raise RuntimeError("ddp_sigterm: StopCoordinator.start() was not called")
-        if not self._driver.run(sequence(self.schedule)):
+        if not self._driver.run(start, *args):
             return False
         decision = self.agreed()
         with self._lock:

@@ -1,7 +1,8 @@
 """Where every rank stops: one rank's stop decision, from step boundaries and two collectives.
 
 Pure: no torch, no thread, no clock of its own. Every sequence of a rank's :class:`StopSchedule` is a
-generator that yields what it needs from the other ranks and is sent the answer: a :class:`Beat` to
+generator (or, for a boundary that neither waits nor votes, its answer at once) that yields what it needs from
+the other ranks and is sent the answer: a :class:`Beat` to
 exchange (the heartbeat's all-reduce), a :class:`Vote` to all-reduce (the agreement), or a :class:`Wait`
 for a beat in flight. ``port.Driver`` serves them with gloo, each part between two requests under one
 lock; tests/unit/core/test_decision.py serves them on N simulated ranks, in random interleavings.
@@ -140,22 +141,30 @@ class StopSchedule:
         return where(self.step, self.boundary)
 
     # -- the main thread ---------------------------------------------------------------------------
-    def passing(self, step: int | None, signalled: bool) -> Sequence:
-        """A step boundary: count it; wait for a beat in flight if it guards this boundary; vote from the
-        boundary a beat named (alone: at the first boundary with this rank's own signal)."""
+    def passing(self, step: int | None, signalled: bool) -> bool | Sequence:
+        """A step boundary: count it. Returns False where this boundary neither waits nor votes (the common case,
+        without a generator), else the rest of its sequence: wait for the beat in flight if it guards this
+        boundary, then vote from the boundary a beat named (alone: at the first boundary with its own signal)."""
         if self.decision is not None:
             return True
         self.boundary += 1
         self.step = step
         if signalled and self._signal_boundary is None:
             self._signal_boundary = self.boundary
-        if self._read_by is not None and self.boundary >= self._read_by:
-            heard = self._heard
-            yield Wait(lambda: self._heard > heard)
+        waits = self._read_by is not None and self.boundary >= self._read_by
+        if not waits and not self._votes_here(signalled):
+            return False
+        return self._rest_of_boundary(step, signalled, waits, self._heard)
+
+    def _votes_here(self, signalled: bool) -> bool:
         if self.alone:
-            if not signalled:
-                return False
-        elif self._requested is None or self.boundary < self._requested:
+            return signalled
+        return self._requested is not None and self.boundary >= self._requested
+
+    def _rest_of_boundary(self, step: int | None, signalled: bool, waits: bool, heard: int) -> Sequence:
+        if waits:
+            yield Wait(lambda: self._heard > heard)
+        if not self._votes_here(signalled):
             return False
         self.state = State.REQUESTED
         return (yield from self.now(step))

@@ -97,22 +97,29 @@ class Driver:
     def __init__(self, schedule: StopSchedule, port: GlooPort,
                  naming: Callable[[str], contextlib.AbstractContextManager[None]]) -> None:
         self.schedule, self.port, self._naming = schedule, port, naming
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
+        self._heard = threading.Condition(self._lock)  # a beat was heard: a main thread's Wait may be over
         self.waited = 0.0  # seconds spent in waits for a beat in flight (benchmarks/job.py reads it)
 
-    def run(self, sequence: Sequence) -> bool:
+    def run(self, start: Callable[..., bool | Sequence], *args: object, beat: bool = False) -> bool:
+        """``start(*args)`` (one of the schedule's sequences) run to its end; returns its answer. ``beat``: it is a
+        heartbeat's, whose end may end a main thread's Wait."""
         answer: Vote | Beat | None = None
+        with self._lock:
+            sequence = start(*args)
+        if isinstance(sequence, bool):
+            return sequence
         while True:
             with self._lock:
                 try:
                     request = sequence.send(answer)
                 except StopIteration as end:
-                    self._lock.notify_all()
+                    if beat:
+                        self._heard.notify_all()
                     return bool(end.value)
-                self._lock.notify_all()
                 if isinstance(request, Wait):
                     began = time.perf_counter()
-                    self._lock.wait_for(request.until)
+                    self._heard.wait_for(request.until)
                     self.waited += time.perf_counter() - began
                     answer = None
                     continue
@@ -142,5 +149,5 @@ class Heartbeat:
         self._wake.set()
 
     def beat(self) -> None:
-        while not self.driver.run(self.driver.schedule.beat(self._signalled(), self._closing)):
+        while not self.driver.run(self.driver.schedule.beat, self._signalled(), self._closing, beat=True):
             self._wake.wait(self.period)
