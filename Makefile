@@ -204,8 +204,8 @@ lint: $(VENV)/.lint-installed
 	$(VENV)/bin/mypy
 
 # On every release of $(VERSIONS): the canary (every Lightning internal the package reaches is there, for both
-# distributions, run by that release's Python) and the scenarios marked `versions` (rank 0 and rank 1 signalled at
-# batch 2, then resume, for lightning.pytorch and pytorch_lightning; the release is asserted in each rank's outcome).
+# distributions, run by that release's Python) and the scenarios marked `versions` (rank 0 signalled at batch 2 under
+# lightning.pytorch, rank 1 under pytorch_lightning, then resume; the release is asserted in each rank's outcome).
 test-versions: $(VENV)/.installed $(foreach v,$(VERSIONS),$(call release_venv,$(v))/.installed)
 	@test -n "$(VERSIONS)" || { echo "error: no releases in VERSIONS (none read from CHECKED in $(INTERNALS))" >&2; \
 		exit 1; }
