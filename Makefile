@@ -196,7 +196,7 @@ patched-lightning: $(VENV_PATCHED)/.installed
 # pins (pyproject.toml's addopts leave out the targets below: the release matrix, the extended matrices and
 # repetitions, SLURM).
 test: $(VENV)/.installed
-	$(VENV)/bin/python $(PYTEST)
+	$(VENV)/bin/python $(PYTEST) --durations=25
 
 # ruff (Lightning's rule set) on everything, mypy --strict on src/.
 lint: $(VENV)/.lint-installed
