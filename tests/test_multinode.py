@@ -328,7 +328,11 @@ def test_slurm_requeues_a_job_that_resumes_on_one_node_of_two(slurm: slurm_clust
         job.describe()
     assert per_rank(r"finished at step (\d+)", second) == dict.fromkeys(range(DEVICES), max_steps), job.describe()
     assert second.count(f"the job resumed on {DEVICES} ranks where it stopped on {WORLD}") == 1, job.describe()
-    assert "is dealt out over the 2 data-parallel ranks" in second, job.describe()
+    # examples/trainer.py: 4096 samples in batches of 32, so 32 steps per epoch on 4 ranks. A stop at an epoch's end
+    # (step 32, one run in about 20) leaves nothing of it to deal: the next epoch starts on the 2 ranks as stock
+    # Lightning starts it.
+    dealt = "is dealt out over the 2 data-parallel ranks" in second
+    assert dealt == (step % (4096 // (WORLD * 32)) != 0), job.describe()
     print(f"SLURM job {job.id} (--nodes=1-2): stopped at step {step} on {WORLD} ranks, requeued, resumed on "
           f"{DEVICES} ranks of one node, finished at step {max_steps}")
 
