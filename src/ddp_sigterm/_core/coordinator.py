@@ -139,15 +139,14 @@ class IntegrationView:
                              time.monotonic() - began)
             self._port = GlooPort(dist.get_rank(), dist.get_world_size(), voting, beating)
             self.schedule = StopSchedule(self.rank, False, self._ballot, time.monotonic)
-            self._driver = Driver(self.schedule, self._port, self.waiting_for)
+        self._driver = Driver(self.schedule, self._port, self.waiting_for)
+        if self.world_size > 1:  # alone, no peer can keep a stop from ending: no heartbeat, no deadline
             heartbeat = Heartbeat(self._driver, self.settings.max_delay / 2, self.signalled)
             deadline = Deadline(self.settings.stop_deadline, self.signals, f"rank {self.rank} of {self.world_size}",
                                 self.waiting_for_now)
             hazard = torchelastic.restart_hazard() if self.rank == 0 else None
             if hazard is not None:
                 warnings.warn(hazard, stacklevel=3)
-        else:
-            self._driver = Driver(self.schedule, self._port, self.waiting_for)
         self._runtime.start(install_handlers, heartbeat, deadline, notices.watch(self.notice_settings, self.noticed))
         peers = f"all {self.world_size} ranks" if self.world_size > 1 else "this process alone"
         log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
@@ -198,7 +197,7 @@ class IntegrationView:
         with self._lock:
             self._activity = f"the process to exit after the stop agreed at {self.schedule.where}"
         self._log(decision)
-        self._runtime.stopped(decision, decision.decided_at)
+        self._runtime.stopped(decision)
         return True
 
     def agreed(self) -> StopDecision:

@@ -115,10 +115,10 @@ class Runtime:
         if self._deadline is not None:
             self._deadline[0].arm(time.monotonic(), notice.describe(), _seconds_to(notice.epoch_seconds))
 
-    def stopped(self, decision: StopDecision, now: float) -> None:
-        """At the agreed stop: the deadline counts from ``now`` (ending by a notice's time); ``on_stop`` runs."""
+    def stopped(self, decision: StopDecision) -> None:
+        """At the agreed stop: the deadline counts from its decision (ending by a notice's time); ``on_stop`` runs."""
         if self._deadline is not None:
-            self._deadline[0].arm(now, "the agreed stop", _seconds_to(decision.notice_at))
+            self._deadline[0].arm(decision.decided_at, "the agreed stop", _seconds_to(decision.notice_at))
         for action in self._on_stop:
             action(decision)
 
