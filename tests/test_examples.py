@@ -102,11 +102,12 @@ def assert_stopped_in_unison(example: str, launcher: str, stopped: Supervised, r
 
 
 # The Trainer example never imports ddp_sigterm: it holds for the patched Lightning too (make test-patched).
-# One launcher per example in make test; the other launchers in make test-extended.
+# make test: the Trainer's own launcher and torchrun once each (Fabric's stop: the SIGINT test below); the rest in
+# make test-extended.
 @pytest.mark.parametrize(("example", "launcher"), [
     pytest.param("trainer", "lightning", marks=pytest.mark.patched),
     pytest.param("trainer", "torchrun", marks=pytest.mark.extended),
-    ("fabric", "lightning"),
+    pytest.param("fabric", "lightning", marks=pytest.mark.extended),
     pytest.param("fabric", "torchrun", marks=pytest.mark.extended),
     ("plain_torch", "torchrun"),
 ])
@@ -171,14 +172,16 @@ def test_example_resumes_in_torchruns_own_restart(example: str, tmp_path: Path) 
     assert_the_weights_of_an_uninterrupted_run(example, "torchrun", tmp_path, text)
 
 
-# SIGINT (whose default handler Python implements as a function) in make test; the others in make test-extended.
-@pytest.mark.parametrize("name", ["SIGINT", pytest.param("SIGUSR1", marks=pytest.mark.extended),
-                                  pytest.param("SIGUSR2", marks=pytest.mark.extended)])
-@pytest.mark.parametrize(("example", "launcher"), [("fabric", "lightning"), ("plain_torch", "torchrun")])
+# SIGINT (whose default handler Python implements as a function) in make test; SIGUSR1 (whose default is death) in
+# make test-extended. One handler serves every listed signal, whatever the loop (the Trainer's included).
+@pytest.mark.parametrize(("example", "launcher", "name"), [
+    ("fabric", "lightning", "SIGINT"),
+    pytest.param("plain_torch", "torchrun", "SIGUSR1", marks=pytest.mark.extended),
+])
 def test_every_listed_stop_signal_stops_in_unison(example: str, launcher: str, name: str, tmp_path: Path) -> None:
     """``DDP_SIGTERM_SIGNALS`` lists more stop signals than SIGTERM: each of them, sent to rank 1 alone,
     stops every rank at the same step with exit code 128 + that signal (not its default action: SIGINT's
-    KeyboardInterrupt, SIGUSR1's and SIGUSR2's death)."""
+    KeyboardInterrupt, SIGUSR1's death)."""
     signum = signal.Signals[name]
     root = tmp_path / "checkpoints"
     stopped = run(example, launcher, tmp_path / "stopped", root, signal_rank=SIGNALLED_RANK, signum=signum,

@@ -122,17 +122,13 @@ def test_a_resumed_fit_continues_every_loggers_run(tmp_path: Path, route: str) -
 
 
 def test_runs_without_a_stop_make_the_versions_stock_lightning_makes(tmp_path: Path) -> None:
-    """What is not a resume from a stop is left to Lightning: two runs in the same folder, with the package and with
-    stock Lightning (``DDP_SIGTERM=0``), make the same TensorBoard and CSV versions, ``version_0`` then
-    ``version_1``."""
+    """What is not a resume from a stop is left to Lightning: two runs in the same folder make the TensorBoard and CSV
+    versions stock Lightning makes, ``version_0`` then ``version_1``."""
     env = environment(tmp_path)
-    for run, settings in (("package", {}), ("stock", {"DDP_SIGTERM": "0"})):
-        for _ in range(2):
-            assert_finished(fit(tmp_path / run, SHORT, env={**env, **settings}), steps=SHORT.max_steps,
-                            stock=run == "stock")
+    for _ in range(2):
+        assert_finished(fit(tmp_path, SHORT, env=env), steps=SHORT.max_steps)
     for logger in ("tb", "csv"):
-        assert folders(tmp_path / "package" / "logs" / logger) == folders(tmp_path / "stock" / "logs" / logger) \
-            == ["version_0", "version_1"]
+        assert folders(tmp_path / "logs" / logger) == ["version_0", "version_1"]
 
 
 @pytest.mark.extended

@@ -11,8 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from ddp_sigterm_tests.harness import run_job, scontrol_calls, stub_scontrol
-from ddp_sigterm_tests.helpers import MUST_FINISH, SIGTERM_EXIT, assert_finished, assert_unison_stop, fit
+from ddp_sigterm_tests.helpers import SIGTERM_EXIT, assert_finished, assert_unison_stop, fit
 from ddp_sigterm_tests.metadata_server import MetadataServer, aws_instance_action, azure_event
 from ddp_sigterm_tests.scenario import Scenario
 
@@ -70,21 +69,3 @@ def test_a_service_that_hangs_refuses_or_answers_garbage_changes_nothing(tmp_pat
         assert len(warnings) == 1, result.describe()
         assert reason in warnings[0], warnings[0]
     assert len(garbage.requests) > 5, json.dumps([r.path for r in garbage.requests])
-
-
-def test_under_slurm_a_notice_requeues_the_job_once(tmp_path: Path) -> None:
-    """As srun starts a step (SLURM's variables, a stub ``scontrol`` that records its calls), auto-requeue on: a
-    notice to node 1 stops every rank as SIGTERM would, and global rank 0 requeues the job once (SLURM cannot
-    know the node is going). tests/test_slurm.py's cluster is not a cloud; this is the package's part."""
-    env = stub_scontrol(tmp_path)
-    with MetadataServer("gce") as quiet, MetadataServer("gce") as noticing:
-        noticing.notice, noticing.quiet_for = True, 20
-        urls = {0: {"DDP_SIGTERM_NOTICE_URL": quiet.url}, 1: {"DDP_SIGTERM_NOTICE_URL": noticing.url}}
-        result = run_job(tmp_path / "job", LONG, mode="slurm", timeout=MUST_FINISH,
-                         env={**env, **ENV, "DDP_SIGTERM_NOTICE": "gce"}, rank_env=urls)
-    why = result.describe()
-    assert {o.get("environment") for o in result.outcomes.values()} == {"SLURMEnvironment"}, why
-    step = assert_unison_stop(result, exit_code=SIGTERM_EXIT)
-    assert scontrol_calls(env) == ["requeue 4242"], why
-    assert re.search(rf"every rank stops at step {step}; checkpoint saved to .*; SLURM job 4242 requeued: the gce "
-                     r"preemption notice \(preempted at \S+\) came", result.log("rank0")), why

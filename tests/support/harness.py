@@ -354,20 +354,19 @@ def supervise(
     return Supervised(timed_out, returncodes, logs, time.monotonic() - started, exited_at, left_behind)
 
 
-def stub_scontrol(directory: Path, fail: str | None = None, preempted: bool = False) -> dict[str, str]:
+def stub_scontrol(directory: Path, fail: str | None = None) -> dict[str, str]:
     """Environment that puts a stand-in ``scontrol`` on PATH: it appends its arguments to a file
     (read them with :func:`scontrol_calls`) and, with ``fail``, exits 1 with that reason. ``scontrol
-    show job`` describes a running requeueable job, being preempted if ``preempted``. (tests/test_slurm.py
-    runs the real one.)"""
+    show job`` describes a running requeueable job that is not being preempted. (tests/test_slurm.py runs the real
+    one.)"""
     stub = directory / "bin" / "scontrol"
     stub.parent.mkdir(parents=True, exist_ok=True)
     stub.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_CALLS"\n'
                     'if [ -n "$SCONTROL_FAIL" ]; then echo "slurm_requeue error: $SCONTROL_FAIL" >&2; exit 1; fi\n'
                     'if [ "$1" = show ]; then echo "JobId=$4 JobName=train JobState=RUNNING Requeue=1 Restarts=0 '
-                    'StartTime=2026-12-01T09:00:00 PreemptTime=$SCONTROL_PREEMPT_TIME"; fi\n')
+                    'StartTime=2026-12-01T09:00:00 PreemptTime=None"; fi\n')
     stub.chmod(0o755)
-    env = {"PATH": f"{stub.parent}:{os.environ['PATH']}", "SCONTROL_CALLS": str(directory / "scontrol.calls"),
-           "SCONTROL_PREEMPT_TIME": "2026-12-01T09:10:00" if preempted else "None"}
+    env = {"PATH": f"{stub.parent}:{os.environ['PATH']}", "SCONTROL_CALLS": str(directory / "scontrol.calls")}
     return {**env, "SCONTROL_FAIL": fail} if fail else env
 
 
