@@ -1,9 +1,6 @@
-"""What each cloud's metadata service says of a preemption, and how to ask it.
-
-A source asks one cloud once per ``poll``, as its documentation specifies, and answers a :class:`Notice` or None;
-pure functions read the answers, and :func:`detect_cloud` reads files, never the network. Requests go to
-``base_url`` only (no proxy, no redirect, a timeout, a bounded answer); any failure raises :class:`MetadataError`
-naming the cloud, the URL and what went wrong. docs/cloud-notices.md has each cloud's protocol.
+"""Each cloud's preemption notice: pure readers of its metadata service's answers, and a source that asks it
+(``base_url`` only: no proxy, no redirect, a timeout, a bounded answer; a failure is a :class:`MetadataError`
+naming the cloud and the request). :func:`detect_cloud` reads files, never the network. docs/cloud-notices.md.
 """
 
 from __future__ import annotations
@@ -11,31 +8,23 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import email.utils
+import http.client
 import json
 import re
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Mapping
-from email.message import Message
-from http.client import HTTPMessage
 from pathlib import Path
-from typing import IO
 
 CLOUDS = ("aws", "gce", "azure")
-
+# Used only when ``notice`` names a cloud, or ``auto`` found one in the DMI data; every test gives a 127.0.0.1 URL.
 DEFAULT_URLS = {"aws": "http://169.254.169.254", "gce": "http://metadata.google.internal",
                 "azure": "http://169.254.169.254"}
-"""Each cloud's metadata service. Used only when ``notice`` names a cloud, or ``auto`` found one in this
-machine's DMI data; every test gives a 127.0.0.1 URL instead."""
-
-GCE_NOTICE_SECONDS = 30.0
-"""GCE's ``preempted`` carries no time: a Spot VM has 30 s from the soft off (when it turns TRUE) to the hard off."""
-
+GCE_NOTICE_SECONDS = 30.0  # ``preempted`` carries no time: a Spot VM has 30 s from when it turns TRUE to the hard off
+# Every (cloud, action) a notice can be: the stop agreement carries a notice as its index here, plus one.
 KINDS = (("aws", "terminate"), ("aws", "stop"), ("aws", "hibernate"), ("gce", "preempted"), ("azure", "Preempt"))
-"""Every (cloud, action) a notice can be: the stop agreement carries a notice as its index here, plus one."""
 
-_AZURE_NAME = re.compile(r"[\w.-]{1,80}")
+_AZURE_NAME = re.compile(r"[\w.-]{1,80}")  # letters, digits, _ . - (a scale set's instance: <set>_<id>)
 _MAX_ANSWER = 65536  # bytes read of one answer: a notice is a few hundred
 _AWS_TOKEN_SECONDS = 21600  # the longest IMDSv2 token; asked for again a minute before it lapses
 
@@ -81,14 +70,14 @@ def aws_notice(status: int, body: bytes) -> Notice | None:
     if status == 404:
         return None
     if status != 200:
-        raise MetadataError(f"spot/instance-action answered HTTP {status}")
+        raise MetadataError(f"answered HTTP {status}")
     try:
         answer = json.loads(body)
         action, at = answer["action"], _utc(datetime.datetime.strptime(answer["time"], "%Y-%m-%dT%H:%M:%SZ"))
     except (ValueError, KeyError, TypeError) as error:
-        raise MetadataError(f"spot/instance-action answered {_shown(body)}, not an interruption: {error!r}") from None
+        raise MetadataError(f"answered {_shown(body)}, not an interruption: {error!r}") from None
     if ("aws", action) not in KINDS:
-        raise MetadataError(f"spot/instance-action answered the unknown action {action!r}")
+        raise MetadataError(f"answered the unknown action {action!r}")
     return Notice("aws", action, at)
 
 
@@ -100,7 +89,7 @@ def gce_notice(body: bytes, seen: datetime.datetime) -> Notice | None:
     if text == "TRUE":
         return Notice("gce", "preempted", seen + datetime.timedelta(seconds=GCE_NOTICE_SECONDS),
                       f"{GCE_NOTICE_SECONDS:g} s after it was seen")
-    raise MetadataError(f"instance/preempted answered {_shown(body)}, not TRUE or FALSE")
+    raise MetadataError(f"answered {_shown(body)}, not TRUE or FALSE")
 
 
 def azure_notice(body: bytes, vm_name: str) -> Notice | None:
@@ -109,21 +98,20 @@ def azure_notice(body: bytes, vm_name: str) -> Notice | None:
         events = json.loads(body)["Events"]
         preempts = [event for event in events if event["EventType"] == "Preempt" and vm_name in event["Resources"]]
     except (ValueError, KeyError, TypeError) as error:
-        raise MetadataError(f"scheduledevents answered {_shown(body)}, not a list of events: {error!r}") from None
+        raise MetadataError(f"answered {_shown(body)}, not a list of events: {error!r}") from None
     if not preempts:
         return None
-    event = preempts[0]
-    not_before = event.get("NotBefore") or ""  # empty once the event has started
+    not_before = preempts[0].get("NotBefore") or ""  # empty once the event has started
     try:
         at = _utc(email.utils.parsedate_to_datetime(not_before)) if not_before else None
     except (ValueError, TypeError):
-        raise MetadataError(f"scheduledevents answered the NotBefore {not_before!r}, not an RFC 1123 time") from None
-    return Notice("azure", "Preempt", at, f"EventId {event.get('EventId', '?')}")
+        raise MetadataError(f"answered the NotBefore {not_before!r}, not an RFC 1123 time") from None
+    return Notice("azure", "Preempt", at, f"EventId {preempts[0].get('EventId', '?')}")
 
 
 def detect_cloud(sysfs: Path = Path("/sys")) -> str | None:
-    """The cloud this machine runs in, from files under ``sysfs`` alone (no network): ``aws``, ``gce``, ``azure``
-    or None (no cloud, or no DMI data). The marks are cloud-init's (docs/cloud-notices.md)."""
+    """The cloud this machine runs in, from files under ``sysfs`` alone (no network), or None (no cloud, or no
+    DMI data). The marks are cloud-init's (docs/cloud-notices.md)."""
 
     def read(name: str) -> str:
         try:
@@ -143,29 +131,6 @@ def detect_cloud(sysfs: Path = Path("/sys")) -> str | None:
     return None
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
-                         headers: HTTPMessage, newurl: str) -> None:
-        return None  # the redirect's own answer (3xx) is then an error: nothing goes past base_url
-
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-
-
-def _request(cloud: str, method: str, url: str, headers: Mapping[str, str],
-             timeout: float) -> tuple[int, Message, bytes]:
-    """``(status, headers, body)`` of one request; HTTP errors are answers too, anything else a MetadataError."""
-    request = urllib.request.Request(url, method=method, headers=dict(headers))  # noqa: S310 (http only: NoticeSource)
-    try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            return response.status, response.headers, response.read(_MAX_ANSWER)
-    except urllib.error.HTTPError as answer:
-        with answer:
-            return answer.code, answer.headers, answer.read(_MAX_ANSWER)
-    except (OSError, ValueError) as error:  # URLError, timeouts, a connection refused or reset
-        raise MetadataError(f"{cloud}: {method} {url} failed: {error}") from error
-
-
 class NoticeSource:
     """Asks one cloud's metadata service at ``base_url`` (or the cloud's own; ``http://`` only)."""
 
@@ -176,10 +141,36 @@ class NoticeSource:
         if not url.startswith("http://"):
             raise ValueError(f"the {self.cloud} metadata service's URL must start with http://, got {url!r}")
         self.base_url = url
+        self._asked = ""  # the last request: what a MetadataError of this poll is about
 
     def poll(self, timeout: float) -> Notice | None:
         """Ask once, each request within ``timeout`` s: the notice, None if none yet, or :class:`MetadataError`."""
+        try:
+            return self._poll(timeout)
+        except MetadataError as error:
+            raise MetadataError(f"{self.cloud}: {self._asked} {error}") from error
+
+    def _poll(self, timeout: float) -> Notice | None:
         raise NotImplementedError
+
+    def _ask(self, path: str, headers: Mapping[str, str], timeout: float, method: str = "GET",
+             expected: tuple[int, ...] = (200,)) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """``(status, headers, body)`` of one request; a MetadataError if it fails or its status is not ``expected``.
+        http.client follows no redirect and reads no proxy setting: nothing goes past ``base_url``."""
+        self._asked = f"{method} {self.base_url}{path}"
+        where = urllib.parse.urlsplit(self.base_url)
+        connection = http.client.HTTPConnection(where.netloc, timeout=timeout)
+        try:
+            connection.request(method, where.path + path, headers=dict(headers))
+            response = connection.getresponse()
+            status, body = response.status, response.read(_MAX_ANSWER)
+        except (OSError, http.client.HTTPException) as error:  # timeouts, a connection refused or reset, garbage
+            raise MetadataError(f"failed: {error}") from error
+        finally:
+            connection.close()
+        if status not in expected:
+            raise MetadataError(f"answered HTTP {status}: {_shown(body)}")
+        return status, response.headers, body
 
 
 class AwsSpot(NoticeSource):
@@ -187,40 +178,32 @@ class AwsSpot(NoticeSource):
     or IMDSv1 where no token can be had."""
 
     cloud = "aws"
-    _token: tuple[str, float] | None = None  # the token and when (time.monotonic()) to renew it
+    _token = ""  # "" while none could be had: then each poll asks for one again
+    _renew_at = 0.0  # time.monotonic() at which to ask for a new token
     _no_token = ""  # why the last token request failed
 
-    def poll(self, timeout: float) -> Notice | None:
-        url = f"{self.base_url}/latest/meta-data/spot/instance-action"
-        status, _, body = _request(self.cloud, "GET", url, self._headers(timeout), timeout)
-        if status == 401 and self._token is not None:  # the token lapsed or was revoked: once more with a new one
-            self._token = None
-            status, _, body = _request(self.cloud, "GET", url, self._headers(timeout), timeout)
+    def _poll(self, timeout: float) -> Notice | None:
+        path, expected = "/latest/meta-data/spot/instance-action", (200, 401, 404)
+        status, _, body = self._ask(path, self._headers(timeout), timeout, expected=expected)
+        if status == 401 and self._token:  # the token lapsed or was revoked: once more with a new one
+            self._renew_at = 0.0
+            status, _, body = self._ask(path, self._headers(timeout), timeout, expected=expected)
         if status == 401:
-            raise MetadataError(f"aws: GET {url} answered 401 (the instance requires IMDSv2) and the session token "
-                                f"could not be had ({self._no_token}): in a container, the instance's metadata hop "
-                                "limit must be 2 or more")
-        try:
-            return aws_notice(status, body)
-        except MetadataError as error:
-            raise MetadataError(f"aws: GET {url}: {error}") from None
+            raise MetadataError(f"answered 401 (the instance requires IMDSv2) and the session token could not be "
+                                f"had ({self._no_token}): in a container, the instance's metadata hop limit must be 2 "
+                                "or more")
+        return aws_notice(status, body)
 
     def _headers(self, timeout: float) -> dict[str, str]:
         """The token's header, asking for a token if none is fresh; no header (IMDSv1) if none can be had."""
-        if self._token is None or time.monotonic() >= self._token[1]:
-            self._token = None
-            url = f"{self.base_url}/latest/api/token"
+        if time.monotonic() >= self._renew_at:
+            ttl = {"X-aws-ec2-metadata-token-ttl-seconds": str(_AWS_TOKEN_SECONDS)}
             try:
-                status, _, body = _request(self.cloud, "PUT", url,
-                                           {"X-aws-ec2-metadata-token-ttl-seconds": str(_AWS_TOKEN_SECONDS)}, timeout)
+                self._token = self._ask("/latest/api/token", ttl, timeout, "PUT")[2].decode("ascii", "replace").strip()
             except MetadataError as error:
-                self._no_token = str(error)
-                return {}
-            if status != 200 or not body.strip():
-                self._no_token = f"PUT {url} answered HTTP {status}"
-                return {}
-            self._token = body.decode("ascii", "replace").strip(), time.monotonic() + _AWS_TOKEN_SECONDS - 60
-        return {"X-aws-ec2-metadata-token": self._token[0]}
+                self._token, self._no_token = "", f"{self._asked} {error}"
+            self._renew_at = time.monotonic() + _AWS_TOKEN_SECONDS - 60 if self._token else 0.0
+        return {"X-aws-ec2-metadata-token": self._token} if self._token else {}
 
 
 class GcePreempted(NoticeSource):
@@ -228,17 +211,11 @@ class GcePreempted(NoticeSource):
 
     cloud = "gce"
 
-    def poll(self, timeout: float) -> Notice | None:
-        url = f"{self.base_url}/computeMetadata/v1/instance/preempted"
-        status, headers, body = _request(self.cloud, "GET", url, {"Metadata-Flavor": "Google"}, timeout)
-        if status != 200:
-            raise MetadataError(f"gce: GET {url} answered HTTP {status}: {_shown(body)}")
+    def _poll(self, timeout: float) -> Notice | None:
+        _, headers, body = self._ask("/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"}, timeout)
         if headers.get("Metadata-Flavor") != "Google":
-            raise MetadataError(f"gce: GET {url} answered without Metadata-Flavor: Google: not GCE's metadata server")
-        try:
-            return gce_notice(body, datetime.datetime.now(datetime.timezone.utc))
-        except MetadataError as error:
-            raise MetadataError(f"gce: GET {url}: {error}") from None
+            raise MetadataError("answered without Metadata-Flavor: Google: not GCE's metadata server")
+        return gce_notice(body, datetime.datetime.now(datetime.timezone.utc))
 
 
 class AzureScheduledEvents(NoticeSource):
@@ -248,25 +225,15 @@ class AzureScheduledEvents(NoticeSource):
     api_version = "2020-07-01"
     vm_name: str | None = None  # asked at the first poll
 
-    def poll(self, timeout: float) -> Notice | None:
+    def _poll(self, timeout: float) -> Notice | None:
         if self.vm_name is None:
             path = f"/metadata/instance/compute/name?api-version={self.api_version}&format=text"
-            name = self._get(path, timeout).decode("utf-8", "replace").strip()
-            if not _AZURE_NAME.fullmatch(name):  # letters, digits, _ . - (a scale set's instance: <set>_<id>)
-                raise MetadataError(f"azure: GET {self.base_url}{path} answered {name[:80]!r}, not a VM's name")
+            name = self._ask(path, {"Metadata": "true"}, timeout)[2].decode("utf-8", "replace").strip()
+            if not _AZURE_NAME.fullmatch(name):
+                raise MetadataError(f"answered {name[:80]!r}, not a VM's name")
             self.vm_name = name
         path = f"/metadata/scheduledevents?api-version={self.api_version}"
-        try:
-            return azure_notice(self._get(path, timeout), self.vm_name)
-        except MetadataError as error:
-            raise MetadataError(f"azure: GET {self.base_url}{path}: {error}") from None
-
-    def _get(self, path: str, timeout: float) -> bytes:
-        url = f"{self.base_url}{path}"
-        status, _, body = _request(self.cloud, "GET", url, {"Metadata": "true"}, timeout)
-        if status != 200:
-            raise MetadataError(f"azure: GET {url} answered HTTP {status}: {_shown(body)}")
-        return body
+        return azure_notice(self._ask(path, {"Metadata": "true"}, timeout)[2], self.vm_name)
 
 
 def source(cloud: str, base_url: str | None = None) -> NoticeSource:
