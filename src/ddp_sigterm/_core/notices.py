@@ -1,8 +1,5 @@
-"""Cloud preemption notices: the watch that polls a cloud's metadata service, and its settings.
-
-The clouds' readers are :mod:`ddp_sigterm._core.clouds`; docs/cloud-notices.md tells what each cloud says and
-what the package does with it.
-"""
+"""Cloud preemption notices: the watch that polls a cloud's metadata service (:mod:`ddp_sigterm._core.clouds`
+reads its answers), and its settings. docs/cloud-notices.md tells what each cloud says and what is done with it."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ from ddp_sigterm._core import log
 from ddp_sigterm._core.clouds import CLOUDS, MetadataError, Notice, NoticeSource, detect_cloud, source
 from ddp_sigterm._core.settings import SettingsError, check_seconds, read_from_environment
 
-POLL_TIMEOUT = 2.0
-"""Seconds one request of a poll may take (less if the poll period is shorter)."""
+POLL_TIMEOUT = 2.0  # seconds one request of a poll may take (less if the poll period is shorter)
 
 
 @read_from_environment
@@ -46,31 +42,28 @@ class NoticeSettings:
 
 
 class NoticeWatch:
-    """The body of the thread that polls ``source`` every ``period`` s until a notice comes (handed to
-    ``on_notice`` once, from this thread) or :meth:`end`. A failed poll is logged once and the watch goes
-    on; each request is bounded by :data:`POLL_TIMEOUT`, so the thread ends within that of :meth:`end`."""
+    """The body of the thread that polls ``source`` every ``period`` s until a notice comes (handed to ``on_notice``
+    once, from this thread) or :meth:`end`, within :data:`POLL_TIMEOUT`. A failed poll is logged once."""
 
     def __init__(self, source: NoticeSource, period: float, on_notice: Callable[[Notice], None]) -> None:
-        self.source, self.period = source, period
+        self.source, self.period, self._on_notice = source, period, on_notice
         self.polls = 0
-        self._on_notice = on_notice
         self._ended = threading.Event()
-        self._failed = False
 
     def end(self) -> None:
         self._ended.set()
 
     def watch(self) -> None:
+        failed = False
         while not self._ended.is_set():
             self.polls += 1
             try:
                 notice = self.source.poll(timeout=min(POLL_TIMEOUT, self.period))
             except MetadataError as error:
-                if not self._failed:
-                    self._failed = True
+                if not failed:
                     log.logger.warning("the %s preemption notice cannot be read (%s); the run goes on, and the watch "
                                        "keeps asking (this is said once)", self.source.cloud, error)
-                notice = None
+                failed, notice = True, None
             if notice is not None and not self._ended.is_set():
                 self._on_notice(notice)
                 return
@@ -80,15 +73,14 @@ class NoticeWatch:
 def watch(settings: NoticeSettings, on_notice: Callable[[Notice], None]) -> NoticeWatch | None:
     """This process's watch: on local rank 0 of each node (``LOCAL_RANK``, or SLURM's ``SLURM_LOCALID``); None where
     ``notice`` is off, or ``auto`` finds no cloud."""
-    cloud = settings.notice
-    if cloud == "off" or os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
+    if settings.notice == "off" or os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")) != "0":
         return None
+    cloud: str | None = settings.notice
     if cloud == "auto":
-        found = detect_cloud()
-        log.logger.debug("notice=auto: %s", f"in {found}" if found else "in no cloud")
-        if found is None:
-            return None
-        cloud = found
+        cloud = detect_cloud()
+        log.logger.debug("notice=auto: in %s", cloud or "no cloud")
+    if cloud is None:
+        return None
     asked = source(cloud, settings.notice_url or None)
     log.logger.debug("asking %s for a preemption notice every %g s", asked.base_url, settings.notice_period)
     return NoticeWatch(asked, settings.notice_period, on_notice)
