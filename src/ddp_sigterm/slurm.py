@@ -1,8 +1,6 @@
-"""SLURM: requeue the running job, as Lightning's auto-requeue does, once per job; and tell a preemption from the
-other SIGTERMs (``scontrol show job``'s ``PreemptTime``). SLURM requeues a preempted job only if it outlives its
-grace time, which a stop should not, so the job requeues itself. Called by global rank 0 only, after the stop
-checkpoint is saved; docs/slurm.md has the account.
-"""
+"""SLURM: requeue the running job once per job, as Lightning's auto-requeue does (SLURM requeues a preempted job
+only if it outlives its grace time, which a stop should not), and tell a preemption from the other SIGTERMs
+(``PreemptTime``). Called by global rank 0 only, after the stop checkpoint is saved (docs/slurm.md)."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
 def preempted(environ: Mapping[str, str] | None = None, timeout: float = 10.0) -> str | None:
     """The ``PreemptTime`` of this job if SLURM is preempting it and lets it be requeued (``Requeue=1``), else None;
     raises :class:`RequeueError` if ``scontrol`` cannot tell."""
-    job = job_id(environ)
-    fields = dict(item.partition("=")[::2] for item in _scontrol("show", "job", "--oneliner", job,
-                                                                   timeout=timeout).split())
+    shown = _scontrol("show", "job", "--oneliner", job_id(environ), timeout=timeout)
+    fields = dict(item.partition("=")[::2] for item in shown.split())
     preempt_time, start_time = fields.get("PreemptTime", "None"), fields.get("StartTime", "")
     # both are ISO 8601 local times (YYYY-MM-DDTHH:MM:SS): their text sorts as the times do
     if fields.get("Requeue") == "1" and preempt_time not in ("None", "Unknown") and preempt_time >= start_time:
@@ -59,14 +56,14 @@ _IGNORING_SIGTERM = ("/bin/sh", "-c", 'trap "" TERM; exec scontrol "$@"', "scont
 
 def _scontrol(*args: str, timeout: float) -> str:
     """``scontrol``'s output, or :class:`RequeueError` with the command and its error."""
-    command = ["scontrol", *args]
+    command = " ".join(("scontrol", *args))
     try:
         # times as YYYY-MM-DDTHH:MM:SS, whatever the user's SLURM_TIME_FORMAT (preempted() compares them as text)
         done = subprocess.run([*_IGNORING_SIGTERM, *args], capture_output=True, text=True, timeout=timeout,
                               check=False, env={**os.environ, "SLURM_TIME_FORMAT": "standard"})
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise RequeueError(f"ddp_sigterm: {' '.join(command)} could not run: {error}") from error
+        raise RequeueError(f"ddp_sigterm: {command} could not run: {error}") from error
     if done.returncode != 0:
-        raise RequeueError(f"ddp_sigterm: {' '.join(command)} failed with exit code {done.returncode}: "
+        raise RequeueError(f"ddp_sigterm: {command} failed with exit code {done.returncode}: "
                            f"{(done.stderr or done.stdout).strip()}")
     return done.stdout

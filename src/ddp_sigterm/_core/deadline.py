@@ -1,11 +1,7 @@
-"""The stop deadline: a stop that cannot complete still ends the process, within a bound.
-
-A rank blocked in a collective on a stopped or gone peer runs no Python handler until the call returns, so a
-thread of its own, woken through the interpreter's wakeup fd, counts ``stop_deadline`` from the first stop
-signal (or the agreed stop, or sooner by a cloud notice's time). Past it, or at the third stop request, it
-writes what the main thread waited for and every thread's stack to stderr and calls ``os._exit(201)``: no
-clean-up that could block again (docs/how-it-works.md, section 5; docs/reliability.md).
-"""
+"""The stop deadline: a stop that cannot complete still ends the process, within a bound. A rank blocked in a
+collective runs no Python handler, so a thread woken through the wakeup fd counts ``stop_deadline`` from the first
+stop signal (or the agreed stop, or sooner by a notice's time); past it, or at the third stop request, it writes why
+and every thread's stack to stderr and calls ``os._exit(201)`` (docs/how-it-works.md, section 5; reliability.md)."""
 
 from __future__ import annotations
 
@@ -21,12 +17,8 @@ from collections.abc import Callable
 
 from ddp_sigterm._core import exit_codes
 
-ESCALATION_REQUESTS = 3
-"""The stop request that ends the process at once: the second is ignored, the third means "now"."""
-
-SAME_REQUEST_SECONDS = 1.0
-"""Stop signals less than this apart count as one request (SLURM and torchrun often deliver one twice)."""
-
+ESCALATION_REQUESTS = 3  # the stop request that ends the process at once: the second is ignored, the third is "now"
+SAME_REQUEST_SECONDS = 1.0  # stop signals closer than this are one request (SLURM and torchrun often send one twice)
 _WAKE = b"\0"  # written by this module to make the thread look again; never a signal number
 
 

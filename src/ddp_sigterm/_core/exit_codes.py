@@ -1,14 +1,8 @@
-"""What a process ends with after a stop: every outcome of a stop is retryable (128-255 to Kubeflow and
-the usual ``podFailurePolicy`` rules); an error of the run keeps Python's 1. Table: docs/reliability.md.
-"""
+"""What a process ends with after a stop: every outcome of a stop is retryable (128-255, for Kubeflow and the usual
+``podFailurePolicy`` rules); an error of the run keeps Python's 1. Table: docs/reliability.md."""
 
-from __future__ import annotations
-
-STOP_FAILED = 200
-"""Every rank stopped at the same step, but saving the stop checkpoint (or requeueing) failed on some rank."""
-
-GAVE_UP = 201
-"""The stop was abandoned: the deadline passed or a third stop request came."""
+STOP_FAILED = 200  # every rank stopped at the same step, but saving the stop checkpoint (or requeueing) failed
+GAVE_UP = 201  # the stop was abandoned: the deadline passed or a third stop request came
 
 
 def stopped(signum: int) -> int:

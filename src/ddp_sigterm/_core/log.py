@@ -1,8 +1,5 @@
-"""The package's log: ``logging.getLogger("ddp_sigterm")``, on every rank (docs/configuration.md).
-
-Never used in a signal handler or the deadline's thread (it may end the process while another thread holds
-a handler's lock: it writes to stderr itself).
-"""
+"""The package's log: ``logging.getLogger("ddp_sigterm")``, on every rank (docs/configuration.md). Never used in
+a signal handler or the deadline's thread, which may end the process while another thread holds a handler's lock."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Signal recording: the handler writes down that a stop was requested, and nothing else.
-
-A handler runs between two bytecodes of the main thread, possibly inside a collective: so no collective,
-no I/O, no logging, no lock. The agreement decides at a step boundary; the runtime installs the handler.
-"""
+"""Signal recording: the handler writes down that a stop was requested, and nothing else. It may run inside a
+collective: so no collective, no I/O, no logging, no lock. The agreement decides at a step boundary."""
 
 from __future__ import annotations
 
@@ -33,18 +30,17 @@ def chains_to(handler: Handler) -> TypeGuard[Callable[[int, FrameType | None], A
 
 
 class SignalRecorder:
-    """Records the first stop signal this process receives and ``time.monotonic()``. ``record`` is the handler
-    (frameworks that compose handlers, such as Lightning's signal connector, call it directly)."""
+    """Records the first stop signal and its ``time.monotonic()``, and in ``mask`` (bit ``1 << n``) every one
+    received. ``record`` is the handler; Lightning's signal connector calls it directly."""
 
     def __init__(self, signals: tuple[int, ...]) -> None:
         self.signals = tuple(signals)
         self.signum = 0
         self.received_at: float | None = None
-        self.mask = 0  # bit ``1 << n`` set once signal n was received
+        self.mask = 0
 
     def record(self, signum: int, frame: FrameType | None = None) -> None:
-        # Only assignments: safe wherever the main thread was interrupted.
-        self.mask |= 1 << signum
+        self.mask |= 1 << signum  # only assignments: safe wherever the main thread was interrupted
         if not self.signum:
             self.received_at = time.monotonic()
             self.signum = signum
