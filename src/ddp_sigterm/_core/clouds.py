@@ -73,7 +73,7 @@ def aws_notice(status: int, body: bytes) -> Notice | None:
         raise MetadataError(f"answered HTTP {status}")
     try:
         answer = json.loads(body)
-        action, at = answer["action"], _utc(datetime.datetime.strptime(answer["time"], "%Y-%m-%dT%H:%M:%SZ"))
+        action, at = answer["action"], datetime.datetime.strptime(answer["time"], "%Y-%m-%dT%H:%M:%S%z")
     except (ValueError, KeyError, TypeError) as error:
         raise MetadataError(f"answered {_shown(body)}, not an interruption: {error!r}") from None
     if ("aws", action) not in KINDS:
@@ -103,9 +103,11 @@ def azure_notice(body: bytes, vm_name: str) -> Notice | None:
         return None
     not_before = preempts[0].get("NotBefore") or ""  # empty once the event has started
     try:
-        at = _utc(email.utils.parsedate_to_datetime(not_before)) if not_before else None
+        at = email.utils.parsedate_to_datetime(not_before) if not_before else None
     except (ValueError, TypeError):
         raise MetadataError(f"answered the NotBefore {not_before!r}, not an RFC 1123 time") from None
+    if at is not None and at.tzinfo is None:  # "-0000": UTC, though RFC 2822 calls it no zone
+        at = at.replace(tzinfo=datetime.timezone.utc)
     return Notice("azure", "Preempt", at, f"EventId {preempts[0].get('EventId', '?')}")
 
 
@@ -242,10 +244,6 @@ def source(cloud: str, base_url: str | None = None) -> NoticeSource:
     if cloud not in kinds:
         raise ValueError(f"no notice source for {cloud!r}; one of {', '.join(CLOUDS)}")
     return kinds[cloud](base_url)
-
-
-def _utc(moment: datetime.datetime) -> datetime.datetime:
-    return moment.replace(tzinfo=datetime.timezone.utc) if moment.tzinfo is None else moment
 
 
 def _shown(body: bytes) -> str:
