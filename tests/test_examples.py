@@ -102,13 +102,12 @@ def assert_stopped_in_unison(example: str, launcher: str, stopped: Supervised, r
 
 
 # The Trainer example never imports ddp_sigterm: it holds for the patched Lightning too (make test-patched).
-# make test: the Trainer's own launcher and torchrun once each (Fabric's stop: the SIGINT test below); the rest in
-# make test-extended.
+# make test: the Trainer's own launcher and torchrun once each (Fabric's stop: the SIGINT test below); Fabric's own
+# launcher in make test-extended (the Trainer under torchrun: test_scenarios.py::test_launchers; Fabric under torchrun:
+# test_multinode.py).
 @pytest.mark.parametrize(("example", "launcher"), [
     pytest.param("trainer", "lightning", marks=pytest.mark.patched),
-    pytest.param("trainer", "torchrun", marks=pytest.mark.extended),
     pytest.param("fabric", "lightning", marks=pytest.mark.extended),
-    pytest.param("fabric", "torchrun", marks=pytest.mark.extended),
     ("plain_torch", "torchrun"),
 ])
 def test_example_stops_in_unison_when_rank_1_is_signalled_and_resumes(example: str, launcher: str,
@@ -154,8 +153,8 @@ def assert_the_log_and_the_data_went_on(root: Path, text: str, why: str) -> None
         assert_trainer_example_went_on(root, text, MAX_STEPS, why)
 
 
-@pytest.mark.extended
-@pytest.mark.parametrize("example", ["plain_torch", "fabric"])
+@pytest.mark.extended  # the Trainer's: test_torchrun_restart.py
+@pytest.mark.parametrize("example", ["fabric"])
 def test_example_resumes_in_torchruns_own_restart(example: str, tmp_path: Path) -> None:
     """torchrun --max-restarts=3 with the workaround of docs/torchrun.md: SIGTERM to rank 1, every rank stops at the
     same step, torchrun starts the group again, the example resumes from that step by itself, ends with an

@@ -186,20 +186,6 @@ def test_release_stops_in_unison_and_resumes(tmp_path: Path, package: str, rank:
     assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
 
 
-@pytest.mark.extended  # make test's 10 minutes; the release matrix runs it too
-def test_standalone_pytorch_lightning_package_stops_in_unison_and_resumes(tmp_path: Path) -> None:
-    """``import pytorch_lightning as pl``: its Trainer loads its own entry point group and has its own
-    Callback and SIGTERMException classes; the package registers a callback of its own, same behaviour."""
-    standalone = Scenario(trainer_package="pytorch_lightning")
-    result = fit(tmp_path, replace(standalone, inject="1:3:backward"), mode="lightning")
-    assert {o["trainer_package"] for o in result.outcomes.values()} == {"pytorch_lightning"}, result.describe()
-    step = assert_unison_stop(result)
-    assert_stopped_after(step, 3)
-    resumed = fit(tmp_path, replace(standalone, resume=True), mode="lightning")
-    assert_finished(resumed, steps=12)
-    assert {o["batches_started"] for o in resumed.outcomes.values()} == {12 - step}, resumed.describe()
-
-
 @patched
 def test_stop_latency_late_in_a_run_of_short_steps(tmp_path: Path) -> None:
     """A signal late in a run of short steps stops within max_delay."""
