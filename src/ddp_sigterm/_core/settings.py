@@ -1,8 +1,7 @@
 """Settings: validated dataclasses, overridden by ``DDP_SIGTERM_<FIELD>`` environment variables.
 
-Precedence, lowest to highest: field defaults, arguments in code, the environment (docs/configuration.md).
-Here: the machinery and the core's :class:`Settings`; also read so are ``notices.NoticeSettings`` and
-``_lightning.settings.TrainerSettings``.
+Precedence, lowest to highest: field defaults, arguments in code, the environment (docs/configuration.md). Read so
+are this :class:`Settings`, ``notices.NoticeSettings`` and ``_lightning.settings.TrainerSettings``.
 """
 
 from __future__ import annotations
@@ -13,13 +12,18 @@ import math
 import os
 import signal
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 ENV_PREFIX = "DDP_SIGTERM"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_BOOLS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0", "false", "no", "off"), False)}
+_PARSERS: dict[str, tuple[Callable[[str], Any], str]] = {  # a field's type name: its parser, what it expects
+    "bool": (lambda text: _BOOLS[text.lower()], "one of 1/0, true/false, yes/no, on/off"),
+    "int": (int, "a whole number"),
+    "float": (float, "a number"),
+}
+_SETTINGS: list[type[Any]] = []  # every settings dataclass read from DDP_SIGTERM_<FIELD>
 
 
 class SettingsError(ValueError):
@@ -28,26 +32,17 @@ class SettingsError(ValueError):
 
 def signal_number(name: str | int | signal.Signals) -> int:
     """The number of a signal given as ``"SIGTERM"``, ``"TERM"``, ``15`` or ``signal.SIGTERM``."""
-    if isinstance(name, int):
+    if isinstance(name, str) and not name.strip().isdigit():
+        text = name.strip().upper()
         try:
-            return int(signal.Signals(name))
-        except ValueError:
-            raise SettingsError(f"{name} is not a signal number on this platform") from None
-    text = name.strip().upper()
-    if text.isdigit():
-        return signal_number(int(text))
-    if not text.startswith("SIG"):
-        text = "SIG" + text
+            return int(signal.Signals[text if text.startswith("SIG") else "SIG" + text])
+        except KeyError:
+            raise SettingsError(f"Unknown signal {name!r}; use a name such as SIGTERM or SIGUSR2"
+                                f" (check {ENV_PREFIX}_SIGNALS if you set it)") from None
     try:
-        return int(signal.Signals[text])
-    except KeyError:
-        raise SettingsError(
-            f"Unknown signal {name!r}; use a name such as SIGTERM or SIGUSR2"
-            f" (check {ENV_PREFIX}_SIGNALS if you set it)"
-        ) from None
-
-
-_SETTINGS: list[type[Any]] = []  # every settings dataclass read from DDP_SIGTERM_<FIELD>
+        return int(signal.Signals(int(name)))
+    except ValueError:
+        raise SettingsError(f"{int(name)} is not a signal number on this platform") from None
 
 
 def read_from_environment(cls: type[T]) -> type[T]:
@@ -63,7 +58,12 @@ def resolve(cls: type[T], environ: Mapping[str, str] | None = None, **given: Any
     for field in dataclasses.fields(cls):  # type: ignore[arg-type]
         var = _variable(field.name)
         if var in environ:
-            values[field.name] = _parse(var, environ[var], field.type)
+            kind = field.type if isinstance(field.type, str) else field.type.__name__  # "bool", also unpostponed
+            parse, expected = _PARSERS.get(kind, (str, ""))
+            try:
+                values[field.name] = parse(environ[var].strip())
+            except (KeyError, ValueError):
+                raise SettingsError(f"{var}={environ[var]!r}: expected {expected}") from None
     return cls(**values)
 
 
@@ -73,11 +73,13 @@ def check_bools(settings: object, *names: str) -> None:
             raise SettingsError(f"{name} must be a bool, got {getattr(settings, name)!r}")
 
 
-def check_seconds(settings: object, *names: str) -> None:
+def check_seconds(settings: object, *names: str, or_inf: bool = False) -> None:
+    """Each of ``names`` is a positive number of seconds (``or_inf``: or infinite)."""
     for name in names:
         value = getattr(settings, name)
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise SettingsError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(value, (int, float)) or not value > 0 or (math.isinf(value) and not or_inf):
+            also = " or inf" if or_inf else ""
+            raise SettingsError(f"{name} must be a positive number of seconds{also}, got {value!r}")
 
 
 @read_from_environment
@@ -92,31 +94,27 @@ class Settings:
     """Signals that request a stop; environment: comma-separated, e.g. ``SIGTERM,SIGUSR2``. Not SIGKILL/SIGSTOP."""
 
     max_delay: float = 1.0
-    """Seconds: a stop is agreed within ``max_delay / 2`` plus one step of the first signal on any rank, so
-    within ``max(max_delay, 2 steps)``; the heartbeat runs every ``max_delay / 2``."""
+    """Seconds: a stop is agreed within ``max(max_delay, 2 steps)`` of the first signal; the heartbeat's period is
+    ``max_delay / 2``."""
 
     agreement_timeout: float = 600.0
     """Seconds one agreement may wait for the slowest rank (skew, not step time) before it fails, naming both."""
 
     connect_timeout: float = 30.0
-    """Seconds Gloo may wait for each connection of the package's own groups at start-up; if one cannot be made
-    on every rank, the package warns once and steps aside for the run (docs/multi-node.md)."""
+    """Seconds Gloo may wait for each connection of the package's own groups at start-up (else it steps aside)."""
 
     stop_deadline: float = 25.0
     """Seconds from the first stop signal (or the agreed stop) within which a multi-process run's process must
-    have exited; past it, it says what it waited for and exits 201 at once. Under the common 30 s grace
-    period; ``inf`` turns it off."""
+    have exited; past it, it says what it waited for and exits 201. ``inf`` turns it off."""
 
     destroy_at_exit: bool = True
-    """After an agreed stop of a multi-process run, destroy the default gloo group at exit: one still alive
-    sometimes aborts the process (-6), hiding the stop's exit code."""
+    """After an agreed stop of a multi-process run, destroy the default gloo group at exit (else it may abort)."""
 
     log_level: str = "INFO"
     """Level of the ``ddp_sigterm`` logger. At INFO every rank logs a stop, and a run without one nothing."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise SettingsError(f"enabled must be a bool, got {self.enabled!r}")
+        check_bools(self, "enabled", "destroy_at_exit")
         given: object = self.signals  # the environment gives "SIGTERM,SIGUSR2"; so may code
         if isinstance(given, str):
             object.__setattr__(self, "signals", tuple(s for s in given.split(",") if s.strip()))
@@ -129,14 +127,11 @@ class Settings:
             raise SettingsError(f"signals cannot include {names}: they cannot be caught")
         object.__setattr__(self, "signals", tuple(signal.Signals(n).name for n in dict.fromkeys(numbers)))
         check_seconds(self, "max_delay", "agreement_timeout", "connect_timeout")
-        check_bools(self, "destroy_at_exit")
+        check_seconds(self, "stop_deadline", or_inf=True)
         level = self.log_level.strip().upper() if isinstance(self.log_level, str) else self.log_level
         if not isinstance(logging.getLevelName(level), int):
             raise SettingsError(f"log_level must be a logging level such as INFO or WARNING, got {self.log_level!r}")
         object.__setattr__(self, "log_level", level)
-        deadline = self.stop_deadline
-        if not isinstance(deadline, (int, float)) or math.isnan(deadline) or deadline <= 0:
-            raise SettingsError(f"stop_deadline must be a positive number of seconds or inf, got {deadline!r}")
 
     @property
     def signal_numbers(self) -> tuple[int, ...]:
@@ -144,11 +139,10 @@ class Settings:
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Settings:
-        """:func:`resolve`; an unknown ``DDP_SIGTERM_*`` variable is only a warning here, since a process the
-        package never acts on must not fail for it (:meth:`check_environment` makes it an error)."""
+        """:func:`resolve`; an unknown ``DDP_SIGTERM_*`` variable only warns here: a process the package never
+        acts on must not fail for it (:meth:`check_environment` makes it an error)."""
         environ = os.environ if environ is None else environ
-        unknown = _unknown_variables(environ)
-        if unknown:
+        if unknown := _unknown_variables(environ):
             warnings.warn(unknown, stacklevel=2)
         return resolve(cls, environ, **given)
 
@@ -156,8 +150,7 @@ class Settings:
     def check_environment(environ: Mapping[str, str] | None = None) -> None:
         """Raise :class:`SettingsError` for a ``DDP_SIGTERM_*`` variable no setting has (a typo would silently
         leave a default in force): called where the package is about to act on a multi-process run."""
-        unknown = _unknown_variables(os.environ if environ is None else environ)
-        if unknown:
+        if unknown := _unknown_variables(os.environ if environ is None else environ):
             raise SettingsError(unknown)
 
 
@@ -172,18 +165,3 @@ def _unknown_variables(environ: Mapping[str, str]) -> str | None:
     if not unknown:
         return None
     return f"Unknown environment variable(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
-
-
-def _parse(var: str, raw: str, kind: Any) -> Any:
-    text = raw.strip()
-    if kind in (bool, "bool"):
-        if text.lower() in _TRUE | _FALSE:
-            return text.lower() in _TRUE
-        raise SettingsError(f"{var}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
-    for number, expected in ((int, "a whole number"), (float, "a number")):
-        if kind in (number, number.__name__):
-            try:
-                return number(text)
-            except ValueError:
-                raise SettingsError(f"{var}={raw!r}: expected {expected}") from None
-    return text
