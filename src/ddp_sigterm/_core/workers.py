@@ -1,15 +1,15 @@
 """Forked children: DataLoader workers block the stop signals, and every child forgets the deadline's socket.
 
-SLURM signals every process of a job step: a DataLoader worker must neither act on a stop signal nor die of
-it, so while a recorder is active a worker forked by a DataLoader blocks the stop signals (they stay pending;
-it still ends when its loader shuts it down), and at exit such workers are killed, since multiprocessing
-would send them SIGTERM and wait forever. Module state, as it outlives a run: one at-fork hook (it cannot be
-unregistered, and does nothing while nothing is registered). Only the runtime calls this module.
+SLURM signals every process of a job step: a DataLoader worker forked while a recorder is active blocks the stop
+signals (it still ends when its loader shuts it down), and such workers are killed at exit, which multiprocessing
+would SIGTERM and wait for forever. One at-fork hook outlives a run (it cannot be unregistered). Only the runtime
+calls this module.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import multiprocessing.util  # registers its exit function first, so that ours runs before it
 import os
@@ -17,24 +17,23 @@ import signal
 import socket
 import sys
 import threading
-from types import FrameType
+import traceback
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter  # in runtime.TORCH_INTERNALS
 
 _blocked_in_workers: set[int] = set()  # the stop signals a DataLoader worker forked now blocks
 _closed_in_children: set[socket.socket] = set()  # the deadline's ends of its wakeup socket pair
-_fork_hook_registered = False
 
 
+@functools.cache  # once: an at-fork hook cannot be unregistered (it does nothing while nothing is registered)
 def _register_fork_hook() -> None:
-    global _fork_hook_registered
-    if not _fork_hook_registered:
-        os.register_at_fork(after_in_child=_in_forked_child)
-        _fork_hook_registered = True
+    os.register_at_fork(after_in_child=_in_forked_child)
 
 
 def _in_forked_child() -> None:
-    if _blocked_in_workers and _forked_by_dataloader():
+    # The child inherits the stack of the fork, and a DataLoader forks its workers while creating its iterator.
+    if _blocked_in_workers and any(frame.f_code is _MultiProcessingDataLoaderIter.__init__.__code__
+                                   for frame, _ in traceback.walk_stack(sys._getframe())):
         signal.pthread_sigmask(signal.SIG_BLOCK, _blocked_in_workers)
     _blocked_in_workers.clear()
     if _closed_in_children:  # so that the child cannot write into its parent's deadline
@@ -42,17 +41,6 @@ def _in_forked_child() -> None:
         for end in _closed_in_children:
             end.close()
         _closed_in_children.clear()
-
-
-def _forked_by_dataloader() -> bool:
-    """The child inherits the stack of the fork, and a DataLoader forks its workers while creating its
-    iterator. (If torch ever moves that, workers lose the protection; nothing else changes.)"""
-    frame: FrameType | None = sys._getframe()
-    while frame is not None:
-        if frame.f_code is _MultiProcessingDataLoaderIter.__init__.__code__:
-            return True
-        frame = frame.f_back
-    return False
 
 
 def block_in_dataloader_workers(signals: tuple[int, ...]) -> None:
@@ -95,17 +83,14 @@ def _end_blocking_workers() -> None:
 
 def _blocking_workers() -> list[multiprocessing.process.BaseProcess]:
     return [child for child in multiprocessing.active_children()
-            if child.daemon and child.pid is not None and signal.SIGTERM in _blocked_signals(child.pid)]
+            if child.daemon and child.pid is not None and _blocks_sigterm(child.pid)]
 
 
-def _blocked_signals(pid: int) -> set[int]:
-    """The signals ``pid`` blocks, read from /proc (Linux); none if it is gone or there is no /proc."""
+def _blocks_sigterm(pid: int) -> bool:
+    """Whether ``pid`` blocks SIGTERM, read from /proc (Linux); False if it is gone or there is no /proc."""
     try:
         with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("SigBlk:"):
-                    mask = int(line.split()[1], 16)
-                    return {n for n in range(1, 65) if mask & (1 << (n - 1))}
-    except OSError:
-        pass
-    return set()
+            blocked = next(line for line in status if line.startswith("SigBlk:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(blocked, 16) & (1 << (signal.SIGTERM - 1)))
