@@ -1,9 +1,7 @@
-"""The decision's collectives on real ranks: two gloo groups of the package's own, and the driver.
+"""The decision's collectives on real ranks, and the :class:`Driver` that runs a schedule's sequences on them.
 
-Each collective is a small int64 MAX all-reduce on the CPU, on a group the runtime makes and destroys
-(:class:`ddp_sigterm._core.runtime.Runtime`), so it never syncs a GPU, never interleaves with training's
-collectives and has its own timeout. :class:`Driver` runs a :class:`StopSchedule`'s sequences
-(:mod:`ddp_sigterm._core.decision`): the main thread's at step boundaries, the heartbeat's in its thread.
+Each collective is a small int64 MAX all-reduce on the CPU, on a gloo group of the package's own (made and destroyed
+by the runtime): it never syncs a GPU, never interleaves with training's collectives and has its own timeout.
 """
 
 from __future__ import annotations
@@ -80,19 +78,17 @@ class GlooPort:
             work.wait()
         except Exception:
             return Beat(False, 0, True)
-        # Whoever frees a work last frees its hold on the tensor, which needs the GIL. Freed by gloo's own worker thread
-        # that makes a Python thread state under the interpreter's lock of thread states (a DataLoader worker forked
-        # then hangs: CPython < 3.11.10, gh-112275), and once the interpreter finalizes, taking the GIL ends that
-        # thread in pthread_exit and aborts the process. Held until the next beat (the last one: until the port
-        # goes, with the main thread), a work is never freed by gloo's thread.
+        # Freeing a work takes the GIL: freed by gloo's worker thread, it makes a thread state under the interpreter's
+        # lock (a DataLoader worker forked then hangs: CPython < 3.11.10, gh-112275), or aborts the process once the
+        # interpreter finalizes. Held until the next beat (the last: until the port goes), gloo's thread never frees it.
         self._held = work
         return Beat(bool(self._beat[0]), int(self._beat[1]), bool(self._beat[2]))
 
 
 class Driver:
-    """Runs a schedule's sequences against a :class:`GlooPort`. Each part of a sequence between two requests runs
-    under one lock, shared by the main thread and the heartbeat's; collectives and waits run outside it.
-    ``naming(what)``: a context that names what the main thread waits for (the stop deadline's message)."""
+    """Runs a schedule's sequences against a :class:`GlooPort`: each part between two requests under one lock shared
+    by the main thread and the heartbeat's, collectives and waits outside it. ``naming(what)``: a context that names
+    what the main thread waits for (the stop deadline's message)."""
 
     def __init__(self, schedule: StopSchedule, port: GlooPort,
                  naming: Callable[[str], contextlib.AbstractContextManager[None]]) -> None:
@@ -102,7 +98,7 @@ class Driver:
         self.waited = 0.0  # seconds spent in waits for a beat in flight (benchmarks/job.py reads it)
 
     def run(self, start: Callable[..., bool | Sequence], *args: object, beat: bool = False) -> bool:
-        """``start(*args)`` (one of the schedule's sequences) run to its end; returns its answer. ``beat``: it is a
+        """``start(*args)`` (one of the schedule's sequences) run to its end; returns its answer. ``beat``: a
         heartbeat's, whose end may end a main thread's Wait."""
         answer: Vote | Beat | None = None
         with self._lock:
@@ -137,12 +133,9 @@ class Heartbeat:
 
     def __init__(self, driver: Driver, period: float, signalled: Callable[[], bool]) -> None:
         self.driver, self.period, self._signalled = driver, period, signalled
+        self.group = driver.port.beating
         self._closing = False
         self._wake = threading.Event()
-
-    @property
-    def group(self) -> dist.ProcessGroup | None:
-        return self.driver.port.beating
 
     def end(self) -> None:
         self._closing = True
