@@ -1,18 +1,14 @@
 """Where every rank stops: one rank's stop decision, from step boundaries and two collectives.
 
-Pure: no torch, no thread, no clock of its own. Every sequence of a rank's :class:`StopSchedule` is a
-generator (or, for a boundary that neither waits nor votes, its answer at once) that yields what it needs from
-the other ranks and is sent the answer: a :class:`Beat` to
-exchange (the heartbeat's all-reduce), a :class:`Vote` to all-reduce (the agreement), or a :class:`Wait`
-for a beat in flight. ``port.Driver`` serves them with gloo, each part between two requests under one
-lock; tests/unit/core/test_decision.py serves them on N simulated ranks, in random interleavings.
+Pure (no torch, thread or clock): each sequence of a :class:`StopSchedule` is a generator that yields a :class:`Beat`
+to exchange, a :class:`Vote` to all-reduce or a :class:`Wait` for a beat in flight, and is sent the answer;
+``port.Driver`` serves them with gloo, tests/unit/core/test_decision.py on N simulated ranks.
 
-How often ranks agree: between stops, never. The main thread counts boundaries; a heartbeat thread
-exchanges ``[signalled, boundary, closing]`` every ``max_delay / 2`` seconds. A beat that carries a signal
-returns the same largest boundary ``B`` everywhere and names ``B + LEAD``; a rank that reported ``b <= B``
-waits for that beat before it passes ``b + LEAD``, so no rank is past the named boundary when it learns
-of it. From there each boundary votes until a vote carries the signal. Loops of uneven length end with
-leaving votes, and every run with one vote at its end.
+How often ranks agree: between stops, never. A heartbeat thread exchanges ``[signalled, boundary, closing]`` every
+``max_delay / 2`` s; a beat that carries a signal names the largest boundary ``B`` plus ``LEAD`` everywhere, and a
+rank that reported ``b <= B`` waits for that beat before it passes ``b + LEAD``, so none is past the named boundary.
+From there each boundary votes until a vote carries the signal; uneven loops end with leaving votes, every run with
+one vote.
 """
 
 from __future__ import annotations
@@ -30,9 +26,9 @@ LEAD = 1
 
 @dataclasses.dataclass(frozen=True)
 class Vote:
-    """One rank's ballot, and what every rank gets back (:func:`combined`): the largest signal (0: none),
-    anyone still in the loop, anyone asking for a requeue, the most boundaries passed, the lowest signalled
-    rank, the largest notice code (``notices.KINDS`` index + 1) and the soonest notice time (0: none)."""
+    """One rank's ballot, and what every rank gets back (:func:`combined`): the largest signal (0: none), anyone
+    still in the loop, anyone asking for a requeue, the most boundaries passed, the lowest signalled rank, the
+    largest notice code (``notices.KINDS`` index + 1) and the soonest notice time (0: none)."""
 
     signum: int = 0
     anyone_in_loop: bool = True
@@ -60,8 +56,7 @@ class Wait:
 
 
 Sequence = Generator["Vote | Beat | Wait", Any, bool]
-"""A rank's sequence: yields requests, is sent their answers (a :class:`Vote` for a vote, a :class:`Beat` for a beat,
-None after a wait), returns whether every rank stops."""
+"""A rank's sequence: yields requests, is sent their answers (None after a wait), returns whether every rank stops."""
 
 
 def combined(votes: list[Vote]) -> Vote:
@@ -87,9 +82,8 @@ class Ballot:
 
 @dataclasses.dataclass(frozen=True)
 class StopDecision:
-    """What every rank agreed on. ``decided_at``, ``received_at``: this process's ``time.monotonic()``
-    (``received_at`` None where this rank was not signalled); ``signalled_rank``: the lowest signalled rank;
-    ``notice``, ``notice_at``: a cloud's notice, which stops the run as its first stop signal would."""
+    """What every rank agreed on. ``decided_at``, ``received_at`` (None where this rank was not signalled): this
+    process's ``time.monotonic()``; ``signalled_rank``: the lowest signalled; ``notice``, ``notice_at``: a cloud's."""
 
     signum: int
     step: int | None
@@ -119,10 +113,9 @@ class State(enum.Enum):
 
 
 class StopSchedule:
-    """One rank's schedule. Contract: every rank passes the same boundaries (a loop of uneven length ends with
-    :meth:`leaving`), and the port gives every rank the same beats and votes; then every rank's sequences
-    return True at the same boundary, with the same :attr:`decision`. ``ballot``: this rank's, read at each
-    vote; ``clock``: the decision's times."""
+    """One rank's schedule. Contract: every rank passes the same boundaries (an uneven loop ends with
+    :meth:`leaving`) and the port gives every rank the same beats and votes; then every rank's sequences return
+    True at the same boundary, with the same :attr:`decision`. ``ballot`` is read at each vote; ``clock`` times it."""
 
     def __init__(self, rank: int, alone: bool, ballot: Callable[[], Ballot], clock: Callable[[], float]) -> None:
         self.rank, self.alone = rank, alone
@@ -142,9 +135,9 @@ class StopSchedule:
 
     # -- the main thread ---------------------------------------------------------------------------
     def passing(self, step: int | None, signalled: bool) -> bool | Sequence:
-        """A step boundary: count it. Returns False where this boundary neither waits nor votes (the common case,
-        without a generator), else the rest of its sequence: wait for the beat in flight if it guards this
-        boundary, then vote from the boundary a beat named (alone: at the first boundary with its own signal)."""
+        """A step boundary: count it. False where it neither waits nor votes (the common case, no generator), else
+        the rest of its sequence: wait for the beat in flight if it guards this boundary, then vote from the
+        boundary a beat named (alone: at the first boundary with its own signal)."""
         if self.decision is not None:
             return True
         self.boundary += 1
