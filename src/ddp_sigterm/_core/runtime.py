@@ -1,10 +1,9 @@
-"""The runtime: the one owner of everything the package does to the process.
+"""The runtime: the one owner of everything the package does to the process (docs/how-it-works.md, sections 6, 7).
 
-A coordinator's :class:`Runtime` makes and destroys the package's gloo groups, installs and restores the
-recording handlers, starts and joins its threads (heartbeat, deadline, notice watch), sets the wakeup fd,
-registers the at-fork hook and exit functions (:mod:`~ddp_sigterm._core.workers`), runs an integration's
-effects at the agreed stop, and keeps the way out after a stop: 128 + the signal. ``start`` and ``close``
-are each safe to call twice. docs/how-it-works.md (sections 6 and 7) tells what stays after a run and why.
+It makes and destroys the package's gloo groups, installs and restores the recording handlers, starts and joins its
+threads (heartbeat, deadline, notice watch), sets the wakeup fd, registers the at-fork hook and exit functions
+(:mod:`~ddp_sigterm._core.workers`), runs an integration's effects at the agreed stop, and keeps the way out after a
+stop: 128 + the signal.
 """
 
 from __future__ import annotations
@@ -49,9 +48,9 @@ class GroupUnavailable(RuntimeError):
 
 
 class Runtime:
-    """The process-wide effects of one coordinator: ``recorder``'s handlers (but for the ``routed`` signals,
-    which a framework hands the recorder itself), threads, wakeup fd and groups; ``on_stop`` is called in
-    order with the decision at the agreed stop (an exception propagates)."""
+    """The process-wide effects of one coordinator: ``recorder``'s handlers (but for the ``routed`` signals, which a
+    framework hands the recorder itself), threads, wakeup fd and groups; ``on_stop`` is called in order with the
+    decision at the agreed stop (an exception propagates). ``start`` and ``close`` are each safe to call twice."""
 
     def __init__(self, recorder: SignalRecorder, routed: tuple[int, ...] = (),
                  on_stop: Sequence[Callable[[StopDecision], None]] = ()) -> None:
@@ -66,16 +65,38 @@ class Runtime:
         self._started = self._closed = False
 
     def make_groups(self, count: int, timeout_seconds: float, connect_seconds: float) -> list[dist.ProcessGroup]:
-        """:func:`_cpu_groups`, destroyed by :meth:`close`."""
-        groups = _cpu_groups(count, timeout_seconds, connect_seconds)
-        self._groups.extend(groups)
-        return groups
+        """``count`` new gloo groups of every rank, each given ``connect_seconds`` to connect, then ``timeout_seconds``
+        per collective; :meth:`close` destroys them. Contract: every rank calls it at the same point; all return the
+        groups or all raise :class:`GroupUnavailable`. After each group the ranks tell each other over the default
+        group, and all stop at the first that failed anywhere, so later groups get the same names everywhere."""
+        # torch < 2.3 cannot change a group's timeout once made: there the groups connect within timeout_seconds
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # in TORCH_INTERNALS
+        connect = datetime.timedelta(seconds=connect_seconds if set_timeout is not None else timeout_seconds)
+        made: list[dist.ProcessGroup] = []
+        for _ in range(count):
+            failure = None
+            try:
+                made.append(dist.new_group(backend="gloo", timeout=connect))
+            except Exception as error:  # told to every rank below, and raised there
+                failure = f"{type(error).__name__}: {error}"
+            failures: list[str | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(failures, failure)
+            if any(failures):
+                for group in made:
+                    _release_group(group)
+                named = "; ".join(f"global rank {rank}: {why}" for rank, why in enumerate(failures) if why)
+                raise GroupUnavailable(f"the stop's own gloo group of all {len(failures)} ranks could not be made "
+                                       f"(connect_timeout={connect_seconds:g} s) ({named})")
+            if set_timeout is not None:
+                set_timeout(datetime.timedelta(seconds=timeout_seconds), made[-1])
+        self._groups.extend(made)
+        return made
 
     def start(self, handlers: bool, heartbeat: Heartbeat | None = None, deadline: Deadline | None = None,
               watch: NoticeWatch | None = None) -> None:
-        """DataLoader workers forked from now on block the stop signals; the given bodies get their threads
-        (the deadline only in the main thread, the only one with a wakeup fd and signal handlers); with
-        ``handlers``, :meth:`install_handlers`."""
+        """DataLoader workers forked from now on block the stop signals; the given bodies get their threads (the
+        deadline only in the main thread, the only one with a wakeup fd and signal handlers); with ``handlers``,
+        :meth:`install_handlers`."""
         if self._started:
             return
         self._started = True
@@ -123,10 +144,10 @@ class Runtime:
             action(decision)
 
     def close(self, stopped: bool, leaving: bool, destroy_default_group: bool, redeliver: bool) -> None:
-        """Put the handlers back, end the threads (the deadline keeps counting if ``stopped`` armed it) and
-        destroy the groups; every rank closes at the same point. ``leaving`` (a stop among several ranks):
-        :func:`_leave`. ``redeliver``: a stop signal recorded after the last agreement is raised again if
-        nothing else would act on it (no exception on its way out, main thread, default action back)."""
+        """Every rank at the same point: handlers back, threads ended (the deadline keeps counting if ``stopped``
+        armed it), groups destroyed. ``leaving`` (a stop among several ranks): :func:`_leave`. ``redeliver``: a
+        stop signal recorded after the last agreement is raised again if nothing else would act on it (no exception
+        on its way out, main thread, default action back)."""
         if self._closed:
             return
         self._closed = True
@@ -139,7 +160,9 @@ class Runtime:
         if leaving:
             _leave(self.recorder.signals, destroy_default_group)
         self._end_deadline(keep_armed=stopped)
-        self._end_watch()
+        if self._watch is not None:
+            self._watch[0].end()
+            self._watch[1].join(POLL_TIMEOUT + _CLOSE_SECONDS)  # out of its request within the request's timeout
         heartbeat_group = self._end_heartbeat()
         for group in self._groups:
             if group is not heartbeat_group:
@@ -158,7 +181,7 @@ class Runtime:
         if self._deadline is None:
             return
         deadline, thread = self._deadline
-        self._deadline = None
+        self._deadline = None  # a notice from now on arms nothing
         workers.keep_in_forked_children(*deadline.ends())
         main = threading.current_thread() is threading.main_thread()
         if main:
@@ -167,23 +190,15 @@ class Runtime:
             deadline.end(close_writer=main)  # elsewhere the wakeup fd still points at the writer: keep it open
             thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
 
-    def _end_watch(self) -> None:
-        if self._watch is None:
-            return
-        watch, thread = self._watch
-        self._watch = None
-        watch.end()
-        thread.join(POLL_TIMEOUT + _CLOSE_SECONDS)  # out of its request within the request's timeout
-
     def _end_heartbeat_at_exit(self, owner: int) -> None:
-        """The process exits without :meth:`close` (a ``ddp_spawn`` rank, a crash): a heartbeat inside a
-        collective while the interpreter finalizes would abort it. Not in a forked child (no such thread)."""
+        """The process exits without :meth:`close` (a ``ddp_spawn`` rank, a crash): a heartbeat inside a collective
+        while the interpreter finalizes would abort it. Not in a forked child (no such thread)."""
         if os.getpid() == owner:
             self._end_heartbeat()
 
     def _end_heartbeat(self) -> dist.ProcessGroup | None:
-        """End the heartbeat, waiting a period and :data:`_CLOSE_SECONDS` for its thread, and give its group
-        back; a thread still waiting on a silent peer keeps it until the group's timeout. Returns the group."""
+        """End the heartbeat, waiting a period and :data:`_CLOSE_SECONDS` for its thread, and give its group back
+        (a thread still waiting on a silent peer keeps it until the group's timeout). Returns the group."""
         if self._heartbeat is None:
             return None
         heartbeat, thread = self._heartbeat
@@ -205,34 +220,6 @@ def _thread(target: Callable[[], None], name: str) -> threading.Thread:
     return thread
 
 
-def _cpu_groups(count: int, timeout_seconds: float, connect_seconds: float) -> list[dist.ProcessGroup]:
-    """``count`` new gloo groups of every rank, each given ``connect_seconds`` to connect, then ``timeout_seconds``
-    per collective. Contract: every rank calls it at the same point; all return the groups or all raise
-    :class:`GroupUnavailable`. After each group the ranks tell each other over the default group, and all stop
-    at the first that failed anywhere, so later groups get the same names everywhere (docs/multi-node.md)."""
-    # torch < 2.3 cannot change a group's timeout once made: there the groups connect within timeout_seconds
-    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # in TORCH_INTERNALS
-    connect = datetime.timedelta(seconds=connect_seconds if set_timeout is not None else timeout_seconds)
-    made: list[dist.ProcessGroup] = []
-    for _ in range(count):
-        failure = None
-        try:
-            made.append(dist.new_group(backend="gloo", timeout=connect))
-        except Exception as error:  # told to every rank below, and raised there
-            failure = f"{type(error).__name__}: {error}"
-        failures: list[str | None] = [None] * dist.get_world_size()
-        dist.all_gather_object(failures, failure)
-        if any(failures):
-            for group in made:
-                _release_group(group)
-            named = "; ".join(f"global rank {rank}: {why}" for rank, why in enumerate(failures) if why)
-            raise GroupUnavailable(f"the stop's own gloo group of all {len(failures)} ranks could not be made "
-                                   f"(connect_timeout={connect_seconds:g} s) ({named})")
-        if set_timeout is not None:
-            set_timeout(datetime.timedelta(seconds=timeout_seconds), made[-1])
-    return made
-
-
 def _release_group(group: dist.ProcessGroup) -> None:
     if dist.is_initialized():
         dist.destroy_process_group(group)
@@ -242,9 +229,9 @@ _destroy_registered_by: int | None = None  # the process that registered _destro
 
 
 def _leave(signals: tuple[int, ...], destroy_default_group: bool) -> None:
-    """After the agreed stop of a multi-process run, keep the exit 128 + signal: ``signals`` are ignored from
-    here on (main thread only; SIG_IGN, as the interpreter resets Python handlers while it finalizes: see
-    docs/reliability.md). With ``destroy_default_group``, a gloo default group is destroyed at exit."""
+    """After the agreed stop of a multi-process run, keep the exit 128 + signal: ``signals`` are ignored from here on
+    (main thread only; SIG_IGN, as the interpreter resets Python handlers while it finalizes: docs/reliability.md).
+    With ``destroy_default_group``, a gloo default group is destroyed at exit."""
     global _destroy_registered_by
     if threading.current_thread() is threading.main_thread():
         for signum in signals:
