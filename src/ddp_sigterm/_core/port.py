@@ -46,7 +46,11 @@ class GlooPort:
         lowest = self.world_size - mine.signalled_rank if mine.signalled_rank is not None else 0
         self._ballot[:] = torch.tensor([mine.signum, mine.anyone_in_loop, mine.requeue, mine.boundary, lowest,
                                         mine.notice, _LATEST - mine.notice_at if mine.notice_at else 0])
-        self._all_reduce(where)
+        try:
+            dist.all_reduce(self._ballot, op=dist.ReduceOp.MAX, group=self.voting)
+        except Exception as error:
+            raise AgreementError(f"ddp_sigterm: rank {self.rank} of {self.world_size}: the stop agreement at {where} "
+                                 f"failed: {error}") from error
         got = [int(value) for value in self._ballot]
         return Vote(got[0], bool(got[1]), bool(got[2]), got[3], self.world_size - got[4] if got[4] else None,
                     got[5], _LATEST - got[6] if got[6] else 0)
@@ -54,20 +58,8 @@ class GlooPort:
     def lowest_failed_rank(self, succeeded: bool, where: str) -> int | None:
         """After a step every rank takes in the stop (its save): the lowest rank on which it failed, or None,
         the same on every rank; it is also the barrier that ends the step. Contract as for :meth:`vote`."""
-        if self.voting is None:
-            return None if succeeded else self.rank
-        self._ballot.zero_()
-        self._ballot[0] = 0 if succeeded else self.world_size - self.rank  # MAX picks the lowest failed rank
-        self._all_reduce(where)
-        failed = int(self._ballot[0])
-        return None if failed == 0 else self.world_size - failed
-
-    def _all_reduce(self, where: str) -> None:
-        try:
-            dist.all_reduce(self._ballot, op=dist.ReduceOp.MAX, group=self.voting)
-        except Exception as error:
-            raise AgreementError(f"ddp_sigterm: rank {self.rank} of {self.world_size}: the stop agreement at {where} "
-                                 f"failed: {error}") from error
+        failed = None if succeeded else self.rank  # a vote's lowest signalled rank, without a signal
+        return self.vote(Vote(anyone_in_loop=False, signalled_rank=failed), where).signalled_rank
 
     def exchange(self, mine: Beat) -> Beat:
         """One heartbeat among every rank. A failure (a peer gone or stuck: training's own collectives meet it too)
