@@ -1,21 +1,5 @@
-"""The user's object: ask ``should_stop()`` at every step boundary, on every rank (torch only)::
-
-    stop = StopCoordinator()          # after init_process_group, at the same point on every rank
-    stop.start()                      # installs the recording handlers
-    try:
-        for step, batch in enumerate(loader):
-            train_step(batch)
-            if stop.should_stop(step):   # every rank, every step: same answer everywhere
-                save_checkpoint(step)
-                raise SystemExit(stop.exit_code)  # 128 + signal number
-        if stop.decide_now(step):        # once at the end: a signal after the last agreement
-            save_checkpoint(step)
-            raise SystemExit(stop.exit_code)
-    finally:
-        stop.close()
-
-Where and how often ranks agree is :mod:`~ddp_sigterm._core.decision`'s; what the package does to the process,
-:mod:`~ddp_sigterm._core.runtime`'s.
+"""The user's object, :class:`StopCoordinator` (its loop: docs/torch-distributed.md), and :class:`IntegrationView`,
+what integrations call. How often ranks agree is decided in ``decision.py``; the process's effects are ``runtime.py``'s.
 """
 
 from __future__ import annotations
@@ -26,7 +10,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from types import FrameType
 
 import torch.distributed as dist
 
@@ -41,6 +24,12 @@ from ddp_sigterm._core.runtime import GroupUnavailable, Runtime
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import SignalRecorder, stop_signals
 
+_STEP_ASIDE = ("A stop signal is handled as it would be without the package. Gloo connects each rank to the address of "
+               "the interface it picks on its node: the one its host name resolves to (often a loopback address such "
+               "as 127.0.1.1), unless GLOO_SOCKET_IFNAME names one. Set GLOO_SOCKET_IFNAME=<the interface the nodes "
+               "reach each other on, e.g. eth0> on every node (docs/multi-node.md), or raise "
+               "DDP_SIGTERM_CONNECT_TIMEOUT if the group is only slow to form.")
+
 
 class StopCoordinator:
     """Records stop signals and agrees, across ranks, at which step boundary everyone stops."""
@@ -48,13 +37,11 @@ class StopCoordinator:
     def __init__(self, settings: Settings | None = None, requeue_signal: int | None = None,
                  distributed: bool = True, on_decided: Sequence[Callable[[StopDecision], None]] = (),
                  routed_signals: tuple[int, ...] = (), notice: NoticeSettings | None = None) -> None:
-        """``requeue_signal`` (SLURM's) stops too and sets ``decision.requeue``. The ranks that agree are the default
-        group's; ``distributed=False``: this process alone. ``on_decided``: run on every rank at the agreed stop.
-        ``routed_signals``: those a framework hands ``integration.record`` itself. ``notice``: the cloud notice
-        watch's settings (default: from the environment)."""
-        self._inner = IntegrationView(settings if settings is not None else Settings.resolve(), requeue_signal,
-                                      distributed, on_decided, routed_signals,
-                                      notice if notice is not None else resolve(NoticeSettings))
+        """``requeue_signal`` (SLURM's) stops too and sets ``decision.requeue``; ``distributed=False``: this process
+        agrees alone, not with the default group's ranks; ``on_decided``: run on every rank at the agreed stop;
+        ``routed_signals``: those a framework hands ``integration.record`` itself; ``notice``: default from the env."""
+        self._inner = IntegrationView(settings or Settings.resolve(), requeue_signal, distributed, on_decided,
+                                      routed_signals, notice or resolve(NoticeSettings))
 
     @property
     def integration(self) -> IntegrationView:
@@ -62,9 +49,8 @@ class StopCoordinator:
         return self._inner
 
     def start(self, install_handlers: bool = True) -> None:
-        """Every rank, same point (a collective): make the stop's gloo groups, start the heartbeat and the deadline,
-        install the recording handlers. Switched off, or if the groups cannot be made on every rank (it warns
-        once), it does none of it and never stops. Safe to call twice."""
+        """Every rank, same point (a collective): make the stop's gloo groups, start its threads, install the recording
+        handlers. Switched off, or without groups on every rank (it warns once), it never stops. Safe to call twice."""
         self._inner.start(install_handlers)
 
     def should_stop(self, step: int | None = None) -> bool:
@@ -72,8 +58,8 @@ class StopCoordinator:
         return self._inner.run(self._inner.schedule.passing, step, self._inner.signalled())
 
     def should_stop_on_leaving(self, step: int | None = None) -> bool:
-        """Call on every rank as it leaves a loop whose length may differ between ranks (evaluation,
-        prediction): votes with the ranks still in it until all have left, then the same answer everywhere."""
+        """Call on every rank as it leaves a loop whose length may differ between ranks (evaluation): votes with the
+        ranks still in it until all have left, then the same answer everywhere."""
         return self._inner.run(self._inner.schedule.leaving, step)
 
     def decide_now(self, step: int | None = None) -> bool:
@@ -81,10 +67,9 @@ class StopCoordinator:
         return self._inner.run(self._inner.schedule.now, step)
 
     def close(self, redeliver: bool = True) -> None:
-        """Every rank, same point: handlers back, threads ended, groups destroyed; a run that did not stop leaves
-        nothing. After a stop of several ranks the stop signals stay ignored and the deadline bounds the exit.
-        ``redeliver``: a signal after the run's last agreement is raised again where its default action is back
-        and no exception is on its way out. Safe to call twice."""
+        """Every rank, same point: a run that did not stop leaves nothing (after a stop of several ranks the signals
+        stay ignored). ``redeliver``: a signal after the last agreement is raised again where nothing else would act on
+        it. Safe to call twice."""
         self._inner.close(redeliver)
 
     @property
@@ -105,63 +90,55 @@ class IntegrationView:
     def __init__(self, settings: Settings, requeue_signal: int | None, distributed: bool,
                  on_decided: Sequence[Callable[[StopDecision], None]], routed_signals: tuple[int, ...],
                  notice: NoticeSettings) -> None:
-        self.settings, self.notice_settings = settings, notice
-        self.requeue_signal = requeue_signal
+        self.settings, self.notice_settings, self.requeue_signal = settings, notice, requeue_signal
         self._distributed = distributed
         self._recorder = SignalRecorder(stop_signals(settings.signal_numbers, requeue_signal, routed_signals))
+        self.signals = self._recorder.signals  # the one set: recorder, deadline, ignore after a stop, exit codes
+        self.record = self._recorder.record  # a handler that only records, for frameworks that chain handlers
         self._runtime = Runtime(self._recorder, routed_signals, on_stop=on_decided)
+        self.install_handlers = self._runtime.install_handlers  # for the signals the framework does not route
+        self.acting = settings.enabled  # False too where start() stepped aside
+        self.rank, self.world_size = 0, 1  # the default group's from start(), where the package acts on several
         self.schedule = StopSchedule(0, True, self._ballot, time.monotonic)  # replaced at start() with the ranks'
         self._port = GlooPort(0, 1)
         self._driver: Driver | None = None
         self._lock = threading.Lock()  # the notice and the activity, which the package's threads read or write
         self._activity: str | None = None
         self._notice: Notice | None = None
-        self.stepped_aside: str | None = None
         self._began = self._closed = False
 
-    # -- lifecycle -------------------------------------------------------------------------------
     def start(self, install_handlers: bool) -> None:
         if not self.settings.enabled or self._began:
             return
         self._began = True
         log.activate(self.settings.log_level)
-        heartbeat = deadline = None
         if self._distributed and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             Settings.check_environment()  # a misspelt variable would leave a default in force
             began = time.monotonic()
             try:
                 voting, beating = self._runtime.make_groups(2, self.settings.agreement_timeout,
                                                             self.settings.connect_timeout)
-            except GroupUnavailable as error:
-                self._step_aside(error)
+            except GroupUnavailable as error:  # on every rank: never stop; global rank 0 says so, once
+                self.acting = False
+                if dist.get_rank() == 0:
+                    warnings.warn(f"ddp_sigterm steps aside for this run: {error}. {_STEP_ASIDE}", stacklevel=3)
                 return
-            log.logger.debug("rank %d: the stop's gloo groups made in %.3f s", dist.get_rank(),
-                             time.monotonic() - began)
-            self._port = GlooPort(dist.get_rank(), dist.get_world_size(), voting, beating)
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            log.logger.debug("rank %d: the stop's gloo groups made in %.3f s", self.rank, time.monotonic() - began)
+            self._port = GlooPort(self.rank, self.world_size, voting, beating)
             self.schedule = StopSchedule(self.rank, False, self._ballot, time.monotonic)
         self._driver = Driver(self.schedule, self._port, self.waiting_for)
+        heartbeat = deadline = None
         if self.world_size > 1:  # alone, no peer can keep a stop from ending: no heartbeat, no deadline
             heartbeat = Heartbeat(self._driver, self.settings.max_delay / 2, self.signalled)
             deadline = Deadline(self.settings.stop_deadline, self.signals, f"rank {self.rank} of {self.world_size}",
                                 self.waiting_for_now)
-            hazard = torchelastic.restart_hazard() if self.rank == 0 else None
-            if hazard is not None:
+            if self.rank == 0 and (hazard := torchelastic.restart_hazard()) is not None:
                 warnings.warn(hazard, stacklevel=3)
         self._runtime.start(install_handlers, heartbeat, deadline, notices.watch(self.notice_settings, self.noticed))
         peers = f"all {self.world_size} ranks" if self.world_size > 1 else "this process alone"
         log.logger.debug("rank %d of %d: recording %s; the stop agreement runs on %s", self.rank, self.world_size,
                          ", ".join(signal.Signals(s).name for s in self.signals), peers)
-
-    def _step_aside(self, error: GroupUnavailable) -> None:
-        """No groups (every rank got the same error): never stop; global rank 0 says so, once."""
-        self.stepped_aside = str(error)
-        if dist.get_rank() == 0:
-            warnings.warn(f"ddp_sigterm steps aside for this run: {error}. A stop signal is handled as it would be "
-                          "without the package. Gloo connects each rank to the address of the interface it picks "
-                          "on its node: the one its host name resolves to (often a loopback address such as "
-                          "127.0.1.1), unless GLOO_SOCKET_IFNAME names one. Set GLOO_SOCKET_IFNAME=<the interface "
-                          "the nodes reach each other on, e.g. eth0> on every node (docs/multi-node.md), or raise "
-                          "DDP_SIGTERM_CONNECT_TIMEOUT if the group is only slow to form.", stacklevel=4)
 
     def close(self, redeliver: bool) -> None:
         self._closed = True
@@ -176,15 +153,13 @@ class IntegrationView:
         self._driver, self._port = None, GlooPort(self.rank, self.world_size)
         log.logger.debug("rank %d: closed (%s)", self.rank, "after the agreed stop" if stopped else "no stop")
 
-    # -- the decision ----------------------------------------------------------------------------
     @property
-    def acting(self) -> bool:
-        """Switched on, and not stepped aside at ``start``."""
-        return self.settings.enabled and self.stepped_aside is None
+    def ignored_after_stop(self) -> tuple[int, ...]:
+        """The signals ignored from an agreed stop until the process exits: none in a process alone."""
+        return self.signals if self.world_size > 1 else ()
 
     def run(self, start: Callable[..., bool | Steps], *args: object) -> bool:
-        """Run one of the schedule's sequences on the driver; at the agreed stop, log it and run the runtime's
-        part."""
+        """One of the schedule's sequences, run on the driver; at the agreed stop, log it and run the runtime's part."""
         if self.schedule.decision is not None:
             return True
         if not self.acting or self._closed:
@@ -241,37 +216,12 @@ class IntegrationView:
         with self.waiting_for(f"{end}, which needs all {self.world_size} ranks"):
             return self._port.lowest_failed_rank(succeeded, end)
 
-    # -- what it records, and the threads' methods -------------------------------------------------
-    def record(self, signum: int, frame: FrameType | None = None) -> None:
-        """A signal handler that records and does nothing else, for frameworks that chain handlers themselves."""
-        self._recorder.record(signum, frame)
-
-    def install_handlers(self) -> None:
-        """Record the stop signals the framework does not route, chained to the handlers in place. Main thread."""
-        self._runtime.install_handlers()
-
-    @property
-    def signals(self) -> tuple[int, ...]:  # the one set: recorder, deadline, ignore after a stop, exit codes
-        return self._recorder.signals
-
-    @property
-    def ignored_after_stop(self) -> tuple[int, ...]:
-        """The signals ignored from an agreed stop until the process exits: none in a process alone."""
-        return self._recorder.signals if self.world_size > 1 else ()
-
-    @property
-    def rank(self) -> int:
-        return self._port.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._port.world_size
-
+    # -- the package's threads -------------------------------------------------------------------
     def noticed(self, notice: Notice) -> None:
         """The notice watch's thread: a cloud's notice is a stop request, as this process's first stop signal."""
         with self._lock:
             self._notice = notice
-        self._recorder.record(self._recorder.signals[0])
+        self._recorder.record(self.signals[0])
         self._runtime.noticed(notice)
 
     def _noticed_now(self) -> Notice | None:
