@@ -1,8 +1,6 @@
-"""Saving at the agreed stop, so that every rank learns whether it worked.
-
-A failure on one rank must not leave the others waiting in a barrier, and a file cut short must never look
-like a checkpoint a resume would pick: every rank writes its part of a temporary file, every rank learns
-whether all succeeded, and only then is the file moved to its name (local paths or fsspec URLs).
+"""Saving at the agreed stop: every rank writes its part of a temporary file and learns whether all succeeded, and
+only then is the file moved to its name (a local path or an fsspec URL). So a failure on one rank leaves no other
+waiting in a barrier, and a file cut short never looks like a checkpoint a resume would pick.
 """
 
 from __future__ import annotations
@@ -34,10 +32,9 @@ class StopError(SystemExit):
 
 def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str, *, writer: bool,
                    step: int | None = None) -> str | None:
-    """At the agreed stop, on every rank: ``write(partial)`` (a temporary file beside ``path``); once every rank
-    succeeded, the ``writer`` rank moves it to ``path``. A failure anywhere raises :class:`StopError` on every
-    rank and removes the temporary file. Every rank must call it at the same point (it is also the barrier).
-    Returns the final path on the writer, None elsewhere; ``step`` (for messages): the agreed stop's."""
+    """At the agreed stop, every rank at the same point (a barrier): ``write(partial)``, a temporary file beside
+    ``path``, which the ``writer`` rank moves to ``path`` (and returns it; None elsewhere) once every rank succeeded.
+    A failure anywhere raises :class:`StopError` on every rank. ``step`` (for messages): the agreed stop's."""
     if step is None and stop.decision is not None:
         step = stop.decision.step
     path = str(path)
@@ -46,7 +43,6 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
     partial = f"{directory}/{PARTIAL_NAME}"  # in the form given: the write function may be fsspec's or not
     _, directory_target = url_to_fs(directory)
     partial_target = f"{directory_target}/{PARTIAL_NAME}"
-    what = f"saving the stop checkpoint of step {step} in {directory}"
 
     def write_and_check() -> None:
         write(partial)
@@ -55,19 +51,16 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
             if not fs.exists(partial_target):
                 _raise_why_not_written(fs, directory_target, partial_target)
 
-    def rename() -> str | None:
-        if not writer:
-            return None
-        fs.mv(partial_target, target)
-        return path
+    def rename() -> None:
+        if writer:
+            fs.mv(partial_target, target)
 
     started = time.monotonic()
     try:
-        with stop.integration.waiting_for(what):
-            in_unison(stop, write_and_check, what, step)
-        naming = f"naming the stop checkpoint of step {step} in {directory}"
-        with stop.integration.waiting_for(naming):
-            final = in_unison(stop, rename, naming, step)
+        for action, what in ((write_and_check, f"saving the stop checkpoint of step {step} in {directory}"),
+                             (rename, f"naming the stop checkpoint of step {step} in {directory}")):
+            with stop.integration.waiting_for(what):
+                in_unison(stop, action, what, step)
     except StopError:
         if writer:
             _remove_partial(fs, partial_target)
@@ -75,12 +68,12 @@ def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str
     inner = stop.integration
     log.logger.info("rank %d of %d: the stop checkpoint of step %s is saved: %s (%.3f s, every rank)", inner.rank,
                     inner.world_size, step, path, time.monotonic() - started)
-    return final
+    return path if writer else None
 
 
 def in_unison(stop: StopCoordinator, action: Callable[[], T], what: str, step: int | None) -> T:
-    """This rank's part of ``what``; if it raised on any rank, every rank raises :class:`StopError` (chaining
-    its own error). Returns ``action()``'s result. Every rank must call it at the same point (a barrier)."""
+    """``action()``, this rank's part of ``what``, every rank at the same point (a barrier); if it raised on any rank,
+    every rank raises :class:`StopError` (chaining its own error)."""
     try:
         result = action()
     except Exception as error:  # every rank must learn of it: reported, then raised as StopError
