@@ -1,17 +1,9 @@
 """ddp_sigterm: every DDP rank stops at the same step on SIGTERM, saves one checkpoint, exits 128+signal.
 
-The public API. The core (:class:`StopCoordinator`, :class:`Settings`, :func:`save_in_unison`,
-:class:`DataPosition`) needs torch only; importing it registers no hook and starts nothing (starting a coordinator
-does). The Lightning integrations need ``pip install ddp_sigterm[lightning]`` (or ``[pytorch-lightning]``):
-:class:`UnisonStop`, the Trainer callback for ``lightning.pytorch``, is imported on first use so that
-``import ddp_sigterm`` does not import Lightning; ``ddp_sigterm.pytorch_lightning_integration.UnisonStop``
-is the one for the standalone ``pytorch_lightning``; :mod:`ddp_sigterm.fabric` serves Fabric loops and
-:mod:`ddp_sigterm.slurm` requeues a SLURM job.
-
-Layout: ``_core/`` is the framework-agnostic core (signals, schedule, agreement, heartbeat, deadline,
-process-wide effects, coordinator, checked save, log); ``_lightning/`` is what the Trainer and Fabric
-integrations share (and the Trainer's own settings), with every private name of Lightning in
-``_lightning/internals.py``.
+The core (:class:`StopCoordinator`, :class:`Settings`, :func:`save_in_unison`, :class:`DataPosition`) needs torch only;
+importing it starts nothing. :class:`UnisonStop`, the ``lightning.pytorch`` Trainer callback, is imported on first use
+(``pip install ddp_sigterm[lightning]``); ``pytorch_lightning_integration`` serves the standalone ``pytorch_lightning``,
+:mod:`ddp_sigterm.fabric` Fabric loops, :mod:`ddp_sigterm.slurm` SLURM requeues. docs/how-it-works.md has the layout.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Fabric: a Fabric loop asks the job's coordinator at its own step boundary.
+"""Fabric: a loop opts in with :func:`unison_stop` after ``fabric.launch()`` and asks at its own step boundaries.
 
-Fabric has no training loop the package could hook, and a script that never asks must keep its own SIGTERM
-handling: a loop opts in with :func:`unison_stop` after ``fabric.launch()``, on every rank. The entry points add a
-:class:`FabricStop` to every Fabric, which only holds the settings and the coordinator. docs/fabric.md shows the loop.
+Fabric has no loop to hook, and a script that never asks keeps its own SIGTERM handling. The entry points add a
+:class:`FabricStop`, which holds the settings and the coordinator, to every Fabric. docs/fabric.md shows the loop.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from torch.optim import Optimizer
 
 from ddp_sigterm._core import epoch_order
 from ddp_sigterm._core.coordinator import StopCoordinator
-from ddp_sigterm._core.settings import Settings
 from ddp_sigterm._core.stop_save import save_in_unison
 from ddp_sigterm._lightning import internals
 from ddp_sigterm._lightning.registration import Integration, acting
@@ -24,15 +22,12 @@ class FabricStop(Integration):
     """A Fabric callback holding one Fabric's settings and coordinator. ``Fabric(callbacks=[FabricStop(...)])``
     chooses settings in code (the entry point's instance then steps aside); ``DDP_SIGTERM_*`` variables win."""
 
-    def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
-        super().__init__(settings, **overrides)
-        self.coordinator: StopCoordinator | None = None
+    coordinator: StopCoordinator | None = None  # made by the first unison_stop()
 
 
 def unison_stop(fabric: Any) -> StopCoordinator:
     """The started :class:`StopCoordinator` of ``fabric``'s job: call it after ``fabric.launch()``, on every rank at
-    the same point (a collective); later calls return the same one. Settings come from the acting
-    :class:`FabricStop`, else from the environment; with ``DDP_SIGTERM=0`` the coordinator is inert."""
+    the same point (a collective); later calls return the same one. Settings: the acting :class:`FabricStop`'s."""
     internals.validate_launched(fabric)
     callbacks = internals.fabric_callbacks(fabric)
     holder = acting(callbacks, FabricStop)
@@ -49,16 +44,14 @@ def unison_stop(fabric: Any) -> StopCoordinator:
 
 def save_at_stop(fabric: Any, path: str, state: dict[str, Any]) -> str | None:
     """``fabric.save(path, state)`` at the agreed stop, on every rank, checked (:func:`ddp_sigterm.save_in_unison`):
-    a failure anywhere, even one Lightning's own save hides, raises :class:`ddp_sigterm.StopError` on every rank.
-    Returns ``path`` on rank 0, None elsewhere."""
+    a failure anywhere raises :class:`ddp_sigterm.StopError` on every rank. Returns ``path`` on rank 0, else None."""
     return save_in_unison(unison_stop(fabric), lambda partial: fabric.save(partial, state), path,
                           writer=fabric.is_global_zero)
 
 
 def load(fabric: Any, path: str, state: dict[str, Any]) -> dict[str, Any]:
     """``fabric.load(path, state)``, and each stateful object of ``state`` (not the model and optimizers) given its
-    saved state, where Fabric's load of a sharded checkpoint puts the state in the object's place instead. Returns
-    what ``fabric.load`` returns."""
+    saved state, which Fabric's load of a sharded checkpoint puts in the object's place instead."""
     stateful = {key: value for key, value in state.items()
                 if not isinstance(value, (Module, Optimizer)) and epoch_order.has_state(value)}
     rest: dict[str, Any] = fabric.load(path, state)
