@@ -1,14 +1,11 @@
-"""Where every rank stops: one rank's stop decision, from step boundaries and two collectives.
+"""Where every rank stops: one rank's pure stop decision (no torch, thread or clock). Each sequence of a
+:class:`StopSchedule` is a generator that yields a :class:`Beat`, a :class:`Vote` or a :class:`Wait` and is sent the
+answer; ``port.Driver`` serves them with gloo, tests/unit/core/test_decision.py on N simulated ranks.
 
-Pure (no torch, thread or clock): each sequence of a :class:`StopSchedule` is a generator that yields a :class:`Beat`
-to exchange, a :class:`Vote` to all-reduce or a :class:`Wait` for a beat in flight, and is sent the answer;
-``port.Driver`` serves them with gloo, tests/unit/core/test_decision.py on N simulated ranks.
-
-How often ranks agree: between stops, never. A heartbeat thread exchanges ``[signalled, boundary, closing]`` every
-``max_delay / 2`` s; a beat that carries a signal names the largest boundary ``B`` plus ``LEAD`` everywhere, and a
-rank that reported ``b <= B`` waits for that beat before it passes ``b + LEAD``, so none is past the named boundary.
-From there each boundary votes until a vote carries the signal; uneven loops end with leaving votes, every run with
-one vote.
+How often ranks agree: between stops, never. Every ``max_delay / 2`` s a heartbeat exchanges ``[signalled, boundary,
+closing]``; one that carries a signal names the largest boundary ``B`` + ``LEAD``, and a rank that reported ``b`` waits
+for it before it passes ``b + LEAD``. From there every boundary votes until a vote carries the signal; uneven loops end
+with leaving votes, every run with one vote.
 """
 
 from __future__ import annotations
@@ -70,8 +67,8 @@ def combined(votes: list[Vote]) -> Vote:
 
 @dataclasses.dataclass(frozen=True)
 class Ballot:
-    """What this rank brings to a vote: its first stop signal (0: none) and when it came (``time.monotonic()``),
-    whether it asks for a requeue, a cloud's notice (code and time, 0: none)."""
+    """What this rank brings to a vote: its first stop signal (0: none) and its ``time.monotonic()``, whether it asks
+    for a requeue, a cloud's notice (code and time, 0: none)."""
 
     signum: int = 0
     received_at: float | None = None
@@ -113,9 +110,8 @@ class State(enum.Enum):
 
 
 class StopSchedule:
-    """One rank's schedule. Contract: every rank passes the same boundaries (an uneven loop ends with
-    :meth:`leaving`) and the port gives every rank the same beats and votes; then every rank's sequences return
-    True at the same boundary, with the same :attr:`decision`. ``ballot`` is read at each vote; ``clock`` times it."""
+    """One rank's schedule. Contract: if every rank passes the same boundaries (an uneven loop ends with
+    :meth:`leaving`) and gets the same beats and votes, all return True at the same boundary, with the same decision."""
 
     def __init__(self, rank: int, alone: bool, ballot: Callable[[], Ballot], clock: Callable[[], float]) -> None:
         self.rank, self.alone = rank, alone
@@ -133,7 +129,6 @@ class StopSchedule:
     def where(self) -> str:
         return where(self.step, self.boundary)
 
-    # -- the main thread ---------------------------------------------------------------------------
     def passing(self, step: int | None, signalled: bool) -> bool | Sequence:
         """A step boundary: count it. False where it neither waits nor votes (the common case, no generator), else
         the rest of its sequence: wait for the beat in flight if it guards this boundary, then vote from the
@@ -197,9 +192,8 @@ class StopSchedule:
         self.state = State.STOPPED
         return True
 
-    # -- the heartbeat's thread --------------------------------------------------------------------
     def beat(self, signalled: bool, closing: bool) -> Sequence:
-        """One heartbeat: report this rank's boundary, hear every rank's. True: it was the last one."""
+        """One heartbeat (its thread's): report this rank's boundary, hear every rank's. True: it was the last one."""
         self._read_by = self.boundary + LEAD
         heard: Beat = yield Beat(signalled, self.boundary, closing)
         if heard.signalled:

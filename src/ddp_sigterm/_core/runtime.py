@@ -1,9 +1,7 @@
-"""The runtime: the one owner of everything the package does to the process (docs/how-it-works.md, sections 6, 7).
-
-It makes and destroys the package's gloo groups, installs and restores the recording handlers, starts and joins its
-threads (heartbeat, deadline, notice watch), sets the wakeup fd, registers the at-fork hook and exit functions
-(:mod:`~ddp_sigterm._core.workers`), runs an integration's effects at the agreed stop, and keeps the way out after a
-stop: 128 + the signal.
+"""The runtime: the one owner of everything the package does to the process: the package's gloo groups, the
+recording handlers, its threads (heartbeat, deadline, notice watch), the wakeup fd, the at-fork hook and exit
+functions (:mod:`~ddp_sigterm._core.workers`), and the way out after a stop: 128 + the signal. What stays after a run,
+and why: docs/how-it-works.md, sections 6 and 7.
 """
 
 from __future__ import annotations
@@ -66,9 +64,8 @@ class Runtime:
 
     def make_groups(self, count: int, timeout_seconds: float, connect_seconds: float) -> list[dist.ProcessGroup]:
         """``count`` new gloo groups of every rank, each given ``connect_seconds`` to connect, then ``timeout_seconds``
-        per collective; :meth:`close` destroys them. Contract: every rank calls it at the same point; all return the
-        groups or all raise :class:`GroupUnavailable`. After each group the ranks tell each other over the default
-        group, and all stop at the first that failed anywhere, so later groups get the same names everywhere."""
+        per collective. Contract: every rank calls it at the same point; all return the groups or all raise
+        :class:`GroupUnavailable`, at the first group that failed anywhere (so groups get the same names everywhere)."""
         # torch < 2.3 cannot change a group's timeout once made: there the groups connect within timeout_seconds
         set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # in TORCH_INTERNALS
         connect = datetime.timedelta(seconds=connect_seconds if set_timeout is not None else timeout_seconds)
@@ -95,8 +92,7 @@ class Runtime:
     def start(self, handlers: bool, heartbeat: Heartbeat | None = None, deadline: Deadline | None = None,
               watch: NoticeWatch | None = None) -> None:
         """DataLoader workers forked from now on block the stop signals; the given bodies get their threads (the
-        deadline only in the main thread, the only one with a wakeup fd and signal handlers); with ``handlers``,
-        :meth:`install_handlers`."""
+        deadline only in the main thread, the only one with a wakeup fd and signal handlers)."""
         if self._started:
             return
         self._started = True
@@ -144,10 +140,10 @@ class Runtime:
             action(decision)
 
     def close(self, stopped: bool, leaving: bool, destroy_default_group: bool, redeliver: bool) -> None:
-        """Every rank at the same point: handlers back, threads ended (the deadline keeps counting if ``stopped``
-        armed it), groups destroyed. ``leaving`` (a stop among several ranks): :func:`_leave`. ``redeliver``: a
-        stop signal recorded after the last agreement is raised again if nothing else would act on it (no exception
-        on its way out, main thread, default action back)."""
+        """Every rank at the same point: handlers back, threads ended (the deadline keeps counting if ``stopped`` armed
+        it), groups destroyed. ``leaving`` (a stop among several ranks): :func:`_leave`. ``redeliver``: a signal after
+        the last agreement is raised again if nothing else would act on it (no exception on its way out, main thread,
+        default action back)."""
         if self._closed:
             return
         self._closed = True
@@ -225,19 +221,15 @@ def _release_group(group: dist.ProcessGroup) -> None:
         dist.destroy_process_group(group)
 
 
-_destroy_registered_by: int | None = None  # the process that registered _destroy_default_group
-
-
 def _leave(signals: tuple[int, ...], destroy_default_group: bool) -> None:
     """After the agreed stop of a multi-process run, keep the exit 128 + signal: ``signals`` are ignored from here on
     (main thread only; SIG_IGN, as the interpreter resets Python handlers while it finalizes: docs/reliability.md).
     With ``destroy_default_group``, a gloo default group is destroyed at exit."""
-    global _destroy_registered_by
     if threading.current_thread() is threading.main_thread():
         for signum in signals:
             signal.signal(signum, signal.SIG_IGN)
-    if destroy_default_group and _destroy_registered_by != os.getpid():
-        _destroy_registered_by = os.getpid()
+    if destroy_default_group:
+        atexit.unregister(_destroy_default_group)  # registered once, however many runs stop
         atexit.register(_destroy_default_group, os.getpid())
 
 
