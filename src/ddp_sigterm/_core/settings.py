@@ -116,16 +116,14 @@ class Settings:
     def __post_init__(self) -> None:
         check_bools(self, "enabled", "destroy_at_exit")
         given: object = self.signals  # the environment gives "SIGTERM,SIGUSR2"; so may code
-        if isinstance(given, str):
-            object.__setattr__(self, "signals", tuple(s for s in given.split(",") if s.strip()))
-        if not self.signals:
+        names = [s for s in given.split(",") if s.strip()] if isinstance(given, str) else self.signals
+        if not names:
             raise SettingsError("signals must name at least one signal, e.g. SIGTERM")
-        numbers = [signal_number(s) for s in self.signals]
-        uncatchable = {int(signal.SIGKILL), int(signal.SIGSTOP)} & set(numbers)
-        if uncatchable:
-            names = ", ".join(signal.Signals(n).name for n in sorted(uncatchable))
-            raise SettingsError(f"signals cannot include {names}: they cannot be caught")
-        object.__setattr__(self, "signals", tuple(signal.Signals(n).name for n in dict.fromkeys(numbers)))
+        numbers = dict.fromkeys(signal_number(s) for s in names)
+        if uncatchable := sorted({signal.SIGKILL, signal.SIGSTOP} & numbers.keys()):
+            named = ", ".join(signal.Signals(n).name for n in uncatchable)
+            raise SettingsError(f"signals cannot include {named}: they cannot be caught")
+        object.__setattr__(self, "signals", tuple(signal.Signals(n).name for n in numbers))
         check_seconds(self, "max_delay", "agreement_timeout", "connect_timeout")
         check_seconds(self, "stop_deadline", or_inf=True)
         level = self.log_level.strip().upper() if isinstance(self.log_level, str) else self.log_level
@@ -142,26 +140,23 @@ class Settings:
         """:func:`resolve`; an unknown ``DDP_SIGTERM_*`` variable only warns here: a process the package never
         acts on must not fail for it (:meth:`check_environment` makes it an error)."""
         environ = os.environ if environ is None else environ
-        if unknown := _unknown_variables(environ):
-            warnings.warn(unknown, stacklevel=2)
+        try:
+            cls.check_environment(environ)
+        except SettingsError as unknown:
+            warnings.warn(str(unknown), stacklevel=2)
         return resolve(cls, environ, **given)
 
     @staticmethod
     def check_environment(environ: Mapping[str, str] | None = None) -> None:
         """Raise :class:`SettingsError` for a ``DDP_SIGTERM_*`` variable no setting has (a typo would silently
         leave a default in force): called where the package is about to act on a multi-process run."""
-        if unknown := _unknown_variables(os.environ if environ is None else environ):
-            raise SettingsError(unknown)
+        known = {_variable(field.name) for cls in _SETTINGS for field in dataclasses.fields(cls)}
+        unknown = sorted(k for k in (os.environ if environ is None else environ)
+                         if k.startswith(ENV_PREFIX + "_") and k not in known)
+        if unknown:
+            raise SettingsError(f"Unknown environment variable(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(sorted(known))}")
 
 
 def _variable(field: str) -> str:
     return ENV_PREFIX if field == "enabled" else f"{ENV_PREFIX}_{field.upper()}"
-
-
-def _unknown_variables(environ: Mapping[str, str]) -> str | None:
-    """The message naming the unknown ``DDP_SIGTERM_*`` variables, None if there are none."""
-    known = {_variable(field.name) for cls in _SETTINGS for field in dataclasses.fields(cls)}
-    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in known)
-    if not unknown:
-        return None
-    return f"Unknown environment variable(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
