@@ -1,9 +1,8 @@
 """ddp_sigterm: every DDP rank stops at the same step on SIGTERM, saves one checkpoint, exits 128+signal.
 
-The core (:class:`StopCoordinator`, :class:`Settings`, :func:`save_in_unison`, :class:`DataPosition`) needs torch only;
-importing it starts nothing. :class:`UnisonStop`, the ``lightning.pytorch`` Trainer callback, is imported on first use
-(``pip install ddp_sigterm[lightning]``); ``pytorch_lightning_integration`` serves the standalone ``pytorch_lightning``,
-:mod:`ddp_sigterm.fabric` Fabric loops, :mod:`ddp_sigterm.slurm` SLURM requeues. docs/how-it-works.md has the layout.
+The core needs torch only, and importing it starts nothing. :class:`UnisonStop`, the ``lightning.pytorch`` Trainer
+callback, is imported on first use (``pytorch_lightning_integration`` has the standalone ``pytorch_lightning``'s);
+:mod:`ddp_sigterm.fabric` serves Fabric, :mod:`ddp_sigterm.slurm` requeues a SLURM job (docs/how-it-works.md: layout).
 """
 
 from __future__ import annotations

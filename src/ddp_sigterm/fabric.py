@@ -1,7 +1,6 @@
-"""Fabric: a loop opts in with :func:`unison_stop` after ``fabric.launch()`` and asks at its own step boundaries.
-
-Fabric has no loop to hook, and a script that never asks keeps its own SIGTERM handling. The entry points add a
-:class:`FabricStop`, which holds the settings and the coordinator, to every Fabric. docs/fabric.md shows the loop.
+"""Fabric: a loop opts in with :func:`unison_stop` after ``fabric.launch()`` and asks at its own step boundaries (a
+script that never asks keeps its own SIGTERM handling). The entry points add a :class:`FabricStop`, which holds the
+settings and the coordinator, to every Fabric. docs/fabric.md shows the loop.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ LEAD = 1
 class Vote:
     """One rank's ballot, and what every rank gets back (:func:`combined`): the largest signal (0: none), anyone
     still in the loop, anyone asking for a requeue, the most boundaries passed, the lowest signalled rank, the
-    largest notice code (``notices.KINDS`` index + 1) and the soonest notice time (0: none)."""
+    largest notice code (``clouds.KINDS`` index + 1) and the soonest notice time (0: none)."""
 
     signum: int = 0
     anyone_in_loop: bool = True

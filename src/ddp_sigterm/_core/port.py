@@ -1,7 +1,6 @@
-"""The decision's collectives on real ranks, and the :class:`Driver` that runs a schedule's sequences on them.
-
-Each collective is a small int64 MAX all-reduce on the CPU, on a gloo group of the package's own (made and destroyed
-by the runtime): it never syncs a GPU, never interleaves with training's collectives and has its own timeout.
+"""The decision's collectives on real ranks, and the :class:`Driver` that runs a schedule's sequences on them. Each
+is a small int64 MAX all-reduce on the CPU, on a gloo group of the package's own: it never syncs a GPU, never
+interleaves with training's collectives and has its own timeout.
 """
 
 from __future__ import annotations

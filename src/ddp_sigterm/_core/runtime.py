@@ -1,7 +1,6 @@
-"""The runtime: the one owner of everything the package does to the process: the package's gloo groups, the
-recording handlers, its threads (heartbeat, deadline, notice watch), the wakeup fd, the at-fork hook and exit
-functions (:mod:`~ddp_sigterm._core.workers`), and the way out after a stop: 128 + the signal. What stays after a run,
-and why: docs/how-it-works.md, sections 6 and 7.
+"""The runtime: the one owner of everything the package does to the process: its gloo groups, the recording
+handlers, its threads (heartbeat, deadline, notice watch), the wakeup fd, the at-fork hook and exit functions
+(``workers.py``), and the way out after a stop: 128 + the signal (docs/how-it-works.md, sections 6 and 7).
 """
 
 from __future__ import annotations

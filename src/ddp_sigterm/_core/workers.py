@@ -1,9 +1,6 @@
-"""Forked children: DataLoader workers block the stop signals, and every child forgets the deadline's socket.
-
-SLURM signals every process of a job step: a DataLoader worker forked while a recorder is active blocks the stop
-signals (it still ends when its loader shuts it down), and such workers are killed at exit, which multiprocessing
-would SIGTERM and wait for forever. One at-fork hook outlives a run (it cannot be unregistered). Only the runtime
-calls this module.
+"""Forked children: DataLoader workers block the stop signals (SLURM signals every process of a job step), are killed
+at exit (multiprocessing would SIGTERM them and wait forever), and every child forgets the deadline's socket. One
+at-fork hook outlives a run (it cannot be unregistered). Only the runtime calls this module.
 """
 
 from __future__ import annotations
