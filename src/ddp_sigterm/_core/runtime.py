@@ -139,10 +139,9 @@ class Runtime:
             action(decision)
 
     def close(self, stopped: bool, leaving: bool, destroy_default_group: bool, redeliver: bool) -> None:
-        """Every rank at the same point: handlers back, threads ended (the deadline keeps counting if ``stopped`` armed
-        it), groups destroyed. ``leaving`` (a stop among several ranks): :func:`_leave`. ``redeliver``: a signal after
-        the last agreement is raised again if nothing else would act on it (no exception on its way out, main thread,
-        default action back)."""
+        """Every rank at the same point: handlers back, threads ended (an armed deadline goes on if ``stopped``), groups
+        destroyed; ``leaving``: :func:`_leave`. ``redeliver``: a signal after the last agreement is raised again if
+        nothing else would act on it (no exception on its way out, main thread, default action back)."""
         if self._closed:
             return
         self._closed = True
@@ -186,8 +185,8 @@ class Runtime:
             thread.join(timeout=5.0)  # it only waits in select(), which the wake-up ends
 
     def _end_heartbeat_at_exit(self, owner: int) -> None:
-        """The process exits without :meth:`close` (a ``ddp_spawn`` rank, a crash): a heartbeat inside a collective
-        while the interpreter finalizes would abort it. Not in a forked child (no such thread)."""
+        """At an exit without :meth:`close` (a ``ddp_spawn`` rank, a crash), not in a forked child: a heartbeat inside
+        a collective while the interpreter finalizes would abort it."""
         if os.getpid() == owner:
             self._end_heartbeat()
 
