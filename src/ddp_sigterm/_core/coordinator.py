@@ -191,23 +191,20 @@ class IntegrationView:
                       notice.epoch_seconds if notice else 0)
 
     def _log(self, decision: StopDecision) -> None:
-        received = f"{self.stop_cause} received by rank {decision.signalled_rank}, not here"
+        received = f"received by rank {decision.signalled_rank}, not here"
         if decision.received_at is not None:
             since = f"{decision.decided_at - decision.received_at:.3f} s"
             if decision.boundaries_since_signal is not None:
                 since += f", {decision.boundaries_since_signal} step boundaries"
-            received = f"{self.stop_cause} received here at {log.wall_clock(decision.received_at)} ({since} before " \
-                "the agreement)"
-        log.logger.info("rank %d of %d: %s; every rank stops at %s", self.rank, self.world_size, received,
-                        self.schedule.where)
+            received = f"received here at {log.wall_clock(decision.received_at)} ({since} before the agreement)"
+        log.logger.info("rank %d of %d: %s %s; every rank stops at %s", self.rank, self.world_size, self.stop_cause,
+                        received, self.schedule.where)
 
     @property
     def stop_cause(self) -> str:
         """What the agreed stop was asked by, for messages: the signal's name, or the cloud's notice."""
         decision = self.agreed()
-        if decision.notice:
-            return named(decision.notice, decision.notice_at)
-        return signal.Signals(decision.signum).name
+        return named(decision.notice, decision.notice_at) if decision.notice else signal.Signals(decision.signum).name
 
     def lowest_failed_rank(self, succeeded: bool, what: str, step: int | None = None) -> int | None:
         """After the agreed stop, every rank, same point (the barrier that ends ``what``): whether this rank's part

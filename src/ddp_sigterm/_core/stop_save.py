@@ -24,10 +24,7 @@ class StopError(SystemExit):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.code = exit_codes.STOP_FAILED
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+        self.code = exit_codes.STOP_FAILED  # str() is still the message (the first argument)
 
 
 def save_in_unison(stop: StopCoordinator, write: Callable[[str], Any], path: str, *, writer: bool,
