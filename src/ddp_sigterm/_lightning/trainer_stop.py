@@ -1,10 +1,7 @@
-"""The Trainer callback's behaviour, shared by both Lightning distributions: every rank stops at the same step.
-
-For the duration of a run it routes Lightning's SIGTERM and SLURM requeue handlers to the recorder, switches off
-rank 0's per-batch broadcast, asks the coordinator at every optimizer-step boundary and evaluation batch end, and at
-the agreed stop saves ``hpc_ckpt_<N>.ckpt``, requeues under SLURM and raises ``SIGTERMException(128 + signal)``. A
-fit resumed from a stop checkpoint gets its loaders' positions and its loggers' runs back. docs/how-it-works.md and
-docs/trainer.md have the account; every private name of Lightning it reaches is in :mod:`internals`.
+"""The Trainer callback, shared by both Lightning distributions: every rank stops at the same step, saves
+``hpc_ckpt_<N>.ckpt``, requeues under SLURM and raises ``SIGTERMException(128 + signal)``; a fit resumed from a stop
+checkpoint gets its loaders' positions and loggers' runs back. docs/how-it-works.md and docs/trainer.md have the
+account; every private name of Lightning it reaches is in :mod:`internals`.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from torch.multiprocessing.spawn import ProcessExitedException
 
 from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
-from ddp_sigterm._core.decision import StopDecision
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
 from ddp_sigterm._lightning import at_stop, internals, loader_positions, logger_runs, resume_internals, stop_checkpoints
@@ -31,8 +27,7 @@ _TRAINER_FIELDS = {field.name for field in dataclasses.fields(TrainerSettings)}
 
 @dataclasses.dataclass(frozen=True)
 class Lightning:
-    """What the callback takes from the Lightning it runs in: ``lightning`` or the standalone ``pytorch_lightning``,
-    whose classes are distinct."""
+    """What the callback takes from ``lightning`` or the standalone ``pytorch_lightning``, whose classes differ."""
 
     distribution: str  # "lightning" or "pytorch_lightning": its version gates the internals
     trainer: type[Any]  # its Trainer: the callback refuses the other package's
@@ -87,15 +82,13 @@ class TrainerStop(Integration):
             internals.resume_when_not_told(trainer, lambda: stop_checkpoints.newest_on_every_rank(trainer, settings))
 
     def _resumes_when_not_told(self) -> bool:
-        """Whether a fit started without ``ckpt_path`` resumes from the newest stop checkpoint: ``resume``, or a
-        ``checkpoint_dir`` under SLURM (where Lightning would look in ``default_root_dir`` only)."""
+        """``resume``, or a ``checkpoint_dir`` under SLURM (where Lightning looks in ``default_root_dir`` only)."""
         settings = self.trainer_settings
         return settings.resume or bool(settings.checkpoint_dir and self.lightning.slurm_environment.detect())
 
     @classmethod
     def entry_point(cls) -> list[Any]:
-        """The instance the entry point adds to the Trainer being made, whose choice of checkpoint is then followed
-        by :func:`_before_run`."""
+        """Also makes the Trainer being made call :func:`_before_run` at its choice of checkpoint."""
         instances = super().entry_point()
         trainer = internals.trainer_being_made(cls.lightning.trainer) if instances else None
         gone = [] if trainer is None else internals.missing(trainer, internals.BEFORE_RUN, cls.lightning.distribution)
@@ -107,9 +100,8 @@ class TrainerStop(Integration):
         return instances
 
     def _give_logger_runs_back(self, trainer: Any, path: Any) -> None:
-        """Before a fit resumed from the stop checkpoint ``path`` makes its loggers' runs, give each the run recorded.
-        Global rank 0 only, known from node and local rank (``ddp_spawn`` sets the global rank later, in ``_run``).
-        A failure is a warning: the loggers then make new runs, as stock Lightning's do."""
+        """Before a fit resumed from ``path`` makes its loggers' runs, give each the run recorded; a failure is a
+        warning. Global rank 0 only, known from node and local rank (``ddp_spawn`` sets the global rank in ``_run``)."""
         if trainer.node_rank != 0 or trainer.local_rank != 0:
             return
         if path is None and self._resumes_when_not_told() and self._supported(trainer):  # what setup's resume chooses
@@ -129,8 +121,7 @@ class TrainerStop(Integration):
             self.lightning.rank_zero_info(f"ddp_sigterm: the loggers continue the stop's runs: {', '.join(given)}")
 
     def _supported(self, trainer: Any) -> bool:
-        """Whether the running Lightning has every internal the callback needs; if not, a warning names what is
-        missing and the Trainer runs as stock Lightning runs it. An untested release gets a warning too."""
+        """Whether the running Lightning has every internal needed; if not, a warning names what is missing."""
         name, version = self.lightning.distribution, self.lightning.version
         gone = internals.missing(trainer, internals.TRAINER, name) + \
             internals.missing(internals.launchers(self.lightning.fabric), internals.LAUNCHER, name)
@@ -161,8 +152,8 @@ class TrainerStop(Integration):
             self._exit_as_the_ranks(trainer, exception)
 
     def _exit_as_the_ranks(self, trainer: Any, exception: ProcessExitedException) -> None:
-        """In ``ddp_spawn``'s launching process, a rank that ended with a stop's exit code: end with the same code,
-        after Lightning's own exception handling and teardown, instead of torch's traceback and 1."""
+        """In ``ddp_spawn``'s launching process, end with a stopped rank's exit code after Lightning's teardown,
+        instead of torch's traceback and 1."""
         code = exception.exit_code
         requeue = internals.requeue_signal(trainer, self.lightning.slurm_environment)
         signals = stop_signals(self.settings.signal_numbers, requeue, internals.routed_signals(requeue))
@@ -214,25 +205,22 @@ class TrainerStop(Integration):
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.
         if self._coordinator is not None and internals.optimizer_stepped(trainer):
-            self._stop_if(trainer, self._coordinator.should_stop)
+            self._stop_if(trainer, StopCoordinator.should_stop)
 
     def _at_boundary(self, trainer: Any, *args: Any) -> None:
-        if self._coordinator is not None:
-            self._stop_if(trainer, self._coordinator.should_stop)
+        self._stop_if(trainer, StopCoordinator.should_stop)
 
     on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _at_boundary
 
     def _on_leaving(self, trainer: Any, pl_module: Any) -> None:
         """Ranks may leave an evaluation or prediction loop after different numbers of batches."""
-        if self._coordinator is not None:
-            self._stop_if(trainer, self._coordinator.should_stop_on_leaving)
+        self._stop_if(trainer, StopCoordinator.should_stop_on_leaving)
 
     on_validation_epoch_end = on_test_epoch_end = on_predict_epoch_end = _on_leaving
 
     def _at_end(self, trainer: Any, pl_module: Any) -> None:
         """A signal after the last check point must not be lost: one final agreement per run."""
-        if self._coordinator is not None:
-            self._stop_if(trainer, self._coordinator.decide_now)
+        self._stop_if(trainer, StopCoordinator.decide_now)
 
     on_train_end = on_test_end = on_predict_end = _at_end
 
@@ -240,44 +228,38 @@ class TrainerStop(Integration):
         if trainer.state.fn != "fit":
             self._at_end(trainer, pl_module)
 
-    def _stop_if(self, trainer: Any, stops: Callable[[int], bool]) -> None:
-        """If ``stops(step)``, one of the coordinator's questions asked on every rank at the same point, says stop:
-        save the stop checkpoint, requeue under SLURM, raise ``SIGTERMException(128 + signal)``."""
+    def _stop_if(self, trainer: Any, stops: Callable[[StopCoordinator, int], bool]) -> None:
+        """If ``stops``, one of the coordinator's questions asked on every rank at the same point, says stop: save the
+        stop checkpoint, requeue under SLURM, raise ``SIGTERMException(128 + signal)``."""
         coordinator = self._coordinator
         step = trainer.global_step
-        if coordinator is None or not stops(step) or (decision := coordinator.decision) is None:
+        if coordinator is None or not stops(coordinator, step) or (decision := coordinator.decision) is None:
             return
+        integration = coordinator.integration
         try:
-            exception = self._stop(trainer, coordinator, decision, step)
+            internals.mark_stopped(trainer, integration.ignored_after_stop)
+            agreed = f"ddp_sigterm: {integration.stop_cause} received, every rank stops at step {step}"
+            if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
+                saved = at_stop.save_checkpoint(trainer, coordinator, self.trainer_settings, step,
+                                                self.lightning.distribution)
+                agreed += f"; checkpoint saved to {saved}"
+            if integration.requeue_signal is not None:  # SLURM, auto-requeue on
+                requeued = at_stop.requeue(trainer, coordinator, decision, integration.requeue_signal, step)
+                agreed += f"; SLURM job {requeued}" if requeued else ""
+            self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         finally:
             # closed here on every rank, whatever the save did: a ddp_spawn rank gets no on_exception, and a heartbeat
             # still beating while the interpreter finalizes aborts it (docs/reliability.md)
             self._close()
-        raise exception
-
-    def _stop(self, trainer: Any, coordinator: StopCoordinator, decision: StopDecision, step: int) -> BaseException:
-        """The agreed stop's work on this rank: the stop checkpoint, the requeue; returns the exception to raise."""
-        internals.mark_stopped(trainer, coordinator.integration.ignored_after_stop)
-        agreed = f"ddp_sigterm: {coordinator.integration.stop_cause} received, every rank stops at step {step}"
-        if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
-            saved = at_stop.save_checkpoint(trainer, coordinator, self.trainer_settings, step,
-                                            self.lightning.distribution)
-            agreed += f"; checkpoint saved to {saved}"
-        if coordinator.integration.requeue_signal is not None:  # SLURM, auto-requeue on
-            requeued = at_stop.requeue(trainer, coordinator, decision, coordinator.integration.requeue_signal, step)
-            agreed += f"; SLURM job {requeued}" if requeued else ""
-        self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         exception = self.lightning.sigterm_exception(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]  # what every rank agreed, for the curious
-        return exception
+        raise exception
 
 
 def _before_run(trainer: Any, stage: str, path: Any) -> None:
-    """After the Trainer chose the checkpoint ``path`` and before the run makes the loggers' runs: a fit gives the
-    loggers the stop checkpoint's runs."""
+    """After the Trainer chose the checkpoint ``path``, before the run makes the loggers' runs."""
     stop = acting(trainer.callbacks, TrainerStop)
-    if stage == "fit" and stop is not None and not stop._steps_aside(trainer) \
-            and stop.trainer_settings.resume_logger_runs:
+    if stage == "fit" and stop is not None and stop.settings.enabled and stop.trainer_settings.resume_logger_runs:
         stop._give_logger_runs_back(trainer, path)
 
 
