@@ -1,10 +1,7 @@
-"""Every private name of Lightning that the package reaches, listed with the first release that has it, checked.
-
-Setting an attribute never fails, so a rename upstream would switch part of the fix off in silence. The
-integrations reach Lightning's internals only through this module and :mod:`resume_internals` (the loaders' and
-loggers'); the Trainer callback checks the lists (:func:`missing`) before it changes anything, and the canary,
-``tests/test_internals.py``, fails naming a missing name. Release-dependent behaviour is gated on the version
-(:func:`at_least`), never on ``hasattr``. docs/how-it-works.md has the account.
+"""Every private name of Lightning the package reaches, with the first release that has it (the loaders' and
+loggers' accessors are in :mod:`resume_internals`). Setting an attribute never fails, so the callback checks these
+lists (:func:`missing`) before it changes anything and the canary, ``tests/test_internals.py``, names a missing one.
+Behaviour is gated on the version (:func:`at_least`), never on ``hasattr``; docs/how-it-works.md has the account.
 """
 
 from __future__ import annotations
@@ -41,11 +38,9 @@ class Internal:
 TRAINER = (
     Internal("_accelerator_connector.cluster_environment", "the SLURM environment and its requeue signal"),
     Internal("_signal_connector._sigterm_notifier_fn", "replaced by the recorder (2.5.2+ broadcasts in the handler)"),
-    Internal("_signal_connector._slurm_sigusr_handler_fn", "replaced by the recorder (it saves and requeues in "
-             "the handler)"),
+    Internal("_signal_connector._slurm_sigusr_handler_fn", "replaced by the recorder (it saves and requeues there)"),
     Internal("_signal_connector._sigterm_handler_fn", "replaced (under SLURM it logs from inside the handler)"),
-    Internal("_signal_connector._original_handlers", "the handlers Lightning restores at teardown: SIG_IGN after "
-             "a stop"),
+    Internal("_signal_connector._original_handlers", "restored by Lightning at teardown: SIG_IGN after a stop"),
     Internal("_signal_connector.received_sigterm", "set at the agreed stop, as Lightning's handler would"),
     Internal("_checkpoint_connector.hpc_save_path", "the stop checkpoint's name, hpc_ckpt_<N>.ckpt"),
     Internal("_checkpoint_connector.dump_checkpoint", "the stop checkpoint's contents"),
@@ -60,34 +55,26 @@ TRAINER = (
     Internal("fit_loop.epoch_loop.batch_progress", "the batches of the epoch trained at the stop"),
     Internal("fit_loop.max_batches", "the length of the rest of an epoch resumed on another number of ranks"),
 )
-BEFORE_RUN = (Internal("_checkpoint_connector._select_ckpt_path", "Lightning's choice of the checkpoint a fit resumes "
-                        "from, followed by the loggers' runs given back, before they are made"),)
+BEFORE_RUN = (Internal("_checkpoint_connector._select_ckpt_path", "the checkpoint chosen, then the loggers' runs"),)
 FABRIC = (
     Internal("_validate_launched", "Fabric's own error when unison_stop() comes before launch()"),
     Internal("_callbacks", "the FabricStop that holds the job's coordinator"),
 )
-LOGGERS = {
-    "TensorBoardLogger": (Internal("_version", "its version, given back before it is resolved"),
-                          Internal("_experiment", "its writer, once made")),
-    "CSVLogger": (Internal("_version", "its version, given back before it is resolved"),
-                  Internal("_experiment", "its writer, made at once where it would delete the run's metrics.csv")),
+_VERSION = Internal("_version", "its version, given back before it is resolved")
+LOGGERS = {  # the loggers whose run a resume continues (Lightning's classes of these names, and subclasses)
+    "TensorBoardLogger": (_VERSION, Internal("_experiment", "its writer, once made")),
+    "CSVLogger": (_VERSION, Internal("_experiment", "its writer, made at once where it would delete metrics.csv")),
     "WandbLogger": (Internal("_id", "the W&B run's id, given back before wandb.init"),
                     Internal("_wandb_init", "wandb.init's arguments: the id and resume='allow'"),
                     Internal("_experiment", "its run, once wandb.init has made it")),
     "MLFlowLogger": (Internal("_run_id", "the MLflow run's id, given back before the run is made"),
                      Internal("_initialized", "whether its run is made")),
 }
-"""The loggers whose run a resume from a stop continues (Lightning's classes of these names and their subclasses)."""
-SAMPLER_WRAPPER = "DistributedSamplerWrapper"
-"""Lightning's sampler around a loader's own non-distributed one: it deals places of the order its ``dataset`` draws."""
+SAMPLER_WRAPPER = "DistributedSamplerWrapper"  # deals places of the order its ``dataset`` draws from the wrapped one
 WRAPPED = (Internal("dataset._sampler", "the sampler it wraps, whose generator a resume gives back"),)
-CHILD_WATCH = "_ChildProcessObserver"
-"""The class of the thread by which Lightning's own launcher SIGKILLs every rank once one has exited non-zero."""
-LAUNCHER = (
-    Internal(f"{CHILD_WATCH}._run", "the child-process watch of Lightning's launcher, retired at the agreed stop"),
-)
+CHILD_WATCH = "_ChildProcessObserver"  # the thread by which Lightning's launcher SIGKILLs every rank after a failure
+LAUNCHER = (Internal(f"{CHILD_WATCH}._run", "the child-process watch of Lightning's launcher, retired at a stop"),)
 
-_TRAINER_HANDLERS = ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn", "_sigterm_handler_fn")
 _warned: set[str] = set()
 
 
@@ -105,20 +92,17 @@ def at_least(distribution: str, version: str) -> bool:
 
 
 def missing(owner: Any, internals: Iterable[Internal], distribution: str) -> list[str]:
-    """The paths of ``internals`` that ``owner`` lacks, among those its release should have."""
-    gone = []
-    if owner is None:
-        return [f"{internal.path} ({internal.why})" for internal in internals]
-    for internal in internals:
-        if not at_least(distribution, internal.since):
-            continue
-        found = owner
-        for name in internal.path.split("."):
-            if not hasattr(found, name):
-                gone.append(f"{internal.path} ({internal.why})")
-                break
-            found = getattr(found, name)
-    return gone
+    """The paths of ``internals`` that ``owner`` (None: all) lacks, among those its release should have."""
+    return [f"{internal.path} ({internal.why})" for internal in internals
+            if owner is None or (at_least(distribution, internal.since) and not _has(owner, internal.path))]
+
+
+def _has(owner: Any, path: str) -> bool:
+    for name in path.split("."):
+        if not hasattr(owner, name):
+            return False
+        owner = getattr(owner, name)
+    return True
 
 
 def untested(distribution: str, version: str) -> str | None:
@@ -131,7 +115,7 @@ def untested(distribution: str, version: str) -> str | None:
 
 
 def warn_once(message: str) -> None:
-    """One warning per message and process (the Trainer callback runs at every Trainer's set-up)."""
+    """One warning per message and process (the callback's set-up runs for every Trainer)."""
     if message not in _warned:
         _warned.add(message)
         warnings.warn(message, stacklevel=3)
@@ -147,13 +131,13 @@ def requeue_signal(trainer: Any, slurm_environment: type[Any]) -> int | None:
 
 
 def routed_signals(requeue: int | None) -> tuple[int, ...]:
-    """The signals :func:`take_signal_handlers` hands the recorder: SIGTERM, and SLURM's requeue signal."""
+    """The signals :func:`take_signal_handlers` hands the recorder."""
     return (signal.SIGTERM,) + (() if requeue is None else (requeue,))
 
 
 def take_signal_handlers(trainer: Any, record: Handler, distribution: str) -> None:
-    """Route the Trainer's SIGTERM and SLURM requeue signal to ``record``; Lightning still registers,
-    chains and restores the handlers. Switch off rank 0's per-batch broadcast (2.5.2+)."""
+    """Route the Trainer's SIGTERM and SLURM requeue signal to ``record`` (Lightning still registers, chains and
+    restores the handlers); switch off rank 0's per-batch broadcast (2.5.2+)."""
     connector = trainer._signal_connector
     connector._sigterm_notifier_fn = record
     connector._slurm_sigusr_handler_fn = record
@@ -164,15 +148,15 @@ def take_signal_handlers(trainer: Any, record: Handler, distribution: str) -> No
 
 def restore_trainer(trainer: Any) -> None:
     """Undo :func:`take_signal_handlers` and :func:`resume_when_not_told` (instance attributes shadow methods)."""
-    for name in _TRAINER_HANDLERS:
+    for name in ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn", "_sigterm_handler_fn"):
         trainer._signal_connector.__dict__.pop(name, None)
     trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
     trainer._checkpoint_connector.__dict__.pop("resume_start", None)
 
 
 def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None:
-    """Make a ``fit`` started without ``ckpt_path`` (where Lightning's own choice found nothing) load ``choose()``'s
-    checkpoint, if it names one. Every rank calls ``choose`` at the same point, the restore of ``fit``."""
+    """Make a ``fit`` started without ``ckpt_path`` (nor one Lightning found) load ``choose()``'s checkpoint, if
+    any. Every rank calls ``choose`` at the same point, the restore of ``fit``."""
     connector = trainer._checkpoint_connector
     lightnings = type(connector).resume_start.__get__(connector)
 
@@ -185,8 +169,7 @@ def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None
 
 
 def trainer_being_made(trainer_class: type[Any]) -> Any | None:
-    """The ``trainer_class`` whose ``__init__`` is running in this thread, or None: Lightning calls the
-    ``callbacks_factory`` entry point from there, and a callback gets no Trainer before its ``setup``."""
+    """The ``trainer_class`` whose ``__init__`` runs in this thread (it calls ``callbacks_factory``), or None."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         found = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
@@ -197,9 +180,8 @@ def trainer_being_made(trainer_class: type[Any]) -> Any | None:
 
 
 class CheckpointChoice:
-    """Takes the place of a Trainer's ``_checkpoint_connector._select_ckpt_path``: after Lightning chooses the
-    checkpoint a run restores, ``then(trainer, stage, path)`` runs, before ``Trainer._run`` makes the loggers'
-    runs; the path is returned unchanged. A module-level class, so that ``ddp_spawn`` can pickle the Trainer."""
+    """A Trainer's ``_checkpoint_connector._select_ckpt_path`` that then runs ``then(trainer, stage, path)``,
+    before ``Trainer._run`` makes the loggers' runs. A module-level class, so that ``ddp_spawn`` can pickle it."""
 
     def __init__(self, connector: Any, then: Callable[[Any, str, Any], None]) -> None:
         self.connector, self.then = connector, then
@@ -218,8 +200,8 @@ def before_run(trainer: Any, then: Callable[[Any, str, Any], None]) -> None:
 
 
 def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
-    """At the agreed stop: set Lightning's flag, as its own handler would, and make the handlers it puts back at
-    teardown SIG_IGN for ``ignore``, so that a late signal cannot change the exit code."""
+    """At the agreed stop: set Lightning's flag, as its handler would, and make the handlers it restores at teardown
+    SIG_IGN for ``ignore``, so that a late signal cannot change the exit code."""
     originals = trainer._signal_connector._original_handlers
     for signum in ignore:
         if signum in originals:
@@ -228,8 +210,7 @@ def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
 
 
 def raise_after_teardown(trainer: Any, ending: BaseException) -> None:
-    """Make the Trainer's teardown for the exception on its way out (Lightning's last step before re-raising it)
-    raise ``ending`` instead, once Lightning's teardown has run."""
+    """Make the Trainer's teardown for the exception on its way out raise ``ending`` once Lightning's has run."""
     lightnings = type(trainer)._teardown.__get__(trainer)
 
     def _teardown() -> None:
@@ -242,7 +223,6 @@ def raise_after_teardown(trainer: Any, ending: BaseException) -> None:
 
 
 def optimizer_stepped(trainer: Any) -> bool:
-    """Whether the batch that just ended stepped the optimizer (not mid-accumulation)."""
     return not trainer.fit_loop.epoch_loop._should_accumulate()
 
 
@@ -271,13 +251,8 @@ def fabric_callbacks(fabric: Any) -> list[Any]:
 
 
 def retire_child_watch(decision: object = None) -> None:
-    """Make Lightning's child-process watch, if this process runs one, end at its next wake without acting (an
-    "on decided" action): after an agreed stop every rank exits 128 + signal, which the watch would answer by
-    SIGKILLing rank 0 (docs/how-it-works.md, section 4)."""
+    """End Lightning's child-process watch, if any, at its next wake: it would answer the ranks' exit 128 + signal
+    by SIGKILLing rank 0 (docs/how-it-works.md, section 4)."""
     for thread in threading.enumerate():
         if type(thread).__name__ == CHILD_WATCH:
-            thread._run = _stop_watching  # type: ignore[attr-defined]
-
-
-def _stop_watching() -> bool:
-    return True  # the watch's loop takes True as "finished"
+            thread._run = lambda: True  # type: ignore[attr-defined]  # the watch's loop takes True as "finished"
