@@ -1,9 +1,8 @@
 """The training data's place in its epoch across a stop, for a resume on the same or another number of ranks.
 
-Lightning's saved loader position is exact only when the sampler deals the same order again on as many ranks. So
-the stop checkpoint also records each loader's stopped epoch order, what of it was trained, and the wrapped
-sampler's generator; a resume deals this rank's share of the rest of that epoch, or says once why the epoch starts
-over. docs/trainer.md has the cases.
+Lightning's loader position is exact only where the sampler deals the same order again on as many ranks, so the stop
+also records each loader's epoch order, what of it was trained, and the wrapped sampler's generator; a resume deals
+the rest of that epoch, or says once why the epoch starts over (docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from ddp_sigterm._core import epoch_order
 from ddp_sigterm._core.epoch_order import EpochPosition
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._lightning import resume_internals
+from ddp_sigterm._lightning.resume_internals import EpochLength
 
 KEY = "data_position"
 """Its entry in the stop checkpoint's own (``stop_checkpoints.KEY``): ``{"world_size", "batch_size", "loaders"}``,
@@ -30,13 +30,13 @@ class Resumed:
 
     changed: bool = False  # a loader changed: the fit's iterator must be made again
     said: list[str] = dataclasses.field(default_factory=list)  # what rank 0 says, once
-    lengths: tuple[int | float, list[int | float] | None] | None = None  # the fit's own, for after the dealt epoch
+    lengths: EpochLength | None = None  # the fit's own, for after the dealt epoch
     start_over: list[Any] = dataclasses.field(default_factory=list)  # loaders not to be given their positions
 
 
 def record(trainer: Any) -> dict[str, Any]:
-    """What the stop checkpoint records of the training data's place. A place that cannot be recorded (an error
-    included, logged here: the stop save goes on) is recorded as why not, for a resume on other ranks to say."""
+    """What the stop checkpoint records of the training data's place; where it cannot (an error included, logged:
+    the save goes on), why not, for a resume on other ranks to say."""
     loaders = resume_internals.training_loaders(trainer)
     entries = []
     for loader in loaders:
@@ -66,9 +66,8 @@ def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
 
 
 def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
-    """At the start of a fit resumed from a stop checkpoint that ``recorded`` the data's place, before the loaders
-    get their own positions back: deal the rest of the stopped epoch where those would not give it (a wrapped
-    sampler, another number of ranks), or start the epoch over where the place cannot be carried."""
+    """Before the loaders of a fit resumed from a stop get their positions back: deal the rest of the stopped epoch
+    that ``recorded`` where those would not give it (a wrapped sampler, another number of ranks), or start it over."""
     loaders = resume_internals.training_loaders(trainer)
     resumed = Resumed()
     if recorded is None or not loaders:
@@ -115,7 +114,7 @@ def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
 
 
 def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Resumed) -> str | None:
-    """Have ``loader`` deal this rank's share of the rest of the recorded epoch and give the wrapped sampler its
+    """Have ``loader`` deal this rank's share of the rest of the recorded epoch, the wrapped sampler given its
     generator back; returns why it cannot, or None."""
     position = EpochPosition.from_dict(entry["position"])
     if position.epoch != resume_internals.epoch_now(trainer) or position.trained == len(position.order):

@@ -1,7 +1,5 @@
-"""The private names of Lightning that a stop's record and a resume reach: the training loaders' positions, the
-sampler wrapper and the loggers' runs. They are listed, with the rest, in :mod:`internals`, which the callback
-and the canary check.
-"""
+"""The accessors of Lightning's private names that a stop's record and a resume reach (the training loaders, the
+sampler wrapper, the loggers' runs); the names are listed, with the rest, in :mod:`internals`."""
 
 from __future__ import annotations
 
@@ -18,16 +16,18 @@ from ddp_sigterm._core import epoch_order
 from ddp_sigterm._lightning.internals import LOGGERS, SAMPLER_WRAPPER
 
 _LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
+_RUN_NAMES = {"TensorBoardLogger": "_version", "CSVLogger": "_version", "WandbLogger": "_id", "MLFlowLogger": "_run_id"}
+EpochLength = tuple[int | float, list[int | float] | None]
+"""The fit loop's number of batches in an epoch, and its loaders' own limits."""
 
 
 def saved_loader_positions(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    """The training loaders' positions that the fit loop saved in ``checkpoint``, in the order of the fit's
-    stateful loaders; empty where no loader had one."""
+    """The positions the fit loop saved in ``checkpoint``, one per stateful training loader, in their order."""
     return list(checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader", []))
 
 
 def training_loaders(trainer: Any) -> list[Any]:
-    """The fit's training loaders (those of its CombinedLoader), once its data is set up; else empty."""
+    """The fit's training loaders, once its data is set up; else empty."""
     loaders = trainer.fit_loop._combined_loader
     return [] if loaders is None else list(loaders.flattened)
 
@@ -41,10 +41,9 @@ def batches_this_epoch(trainer: Any) -> int:
     return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
-def set_epoch_length(trainer: Any, batches: int | float, limits: list[int | float] | None = None) -> tuple[
-        int | float, list[int | float] | None]:
-    """Make the fit's current epoch ``batches`` long (``limits``: the loaders' own, default ``batches`` each):
-    Lightning reads the length once, when it sets the loaders up. Returns the length and limits it replaced."""
+def set_epoch_length(trainer: Any, batches: int | float, limits: list[int | float] | None = None) -> EpochLength:
+    """Make the fit's current epoch ``batches`` long (``limits``: the loaders' own, default ``batches`` each), which
+    Lightning reads once, at the loaders' set-up; returns what it replaced."""
     fit_loop = trainer.fit_loop
     loaders = fit_loop._combined_loader
     before = fit_loop.max_batches, None if loaders is None else loaders.limits
@@ -55,7 +54,6 @@ def set_epoch_length(trainer: Any, batches: int | float, limits: list[int | floa
 
 
 def is_sampler_wrapper(cls: type) -> bool:
-    """Whether ``cls`` is Lightning's DistributedSamplerWrapper (either distribution's)."""
     return cls.__name__ == SAMPLER_WRAPPER and cls.__module__.startswith(_LIGHTNING_PACKAGES)
 
 
@@ -65,17 +63,14 @@ def wrapped_sampler(sampler: Any) -> Any | None:
 
 
 def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]], start_over: Iterable[Any] = ()) -> bool:
-    """At the start of a resumed fit, set the samplers' epoch, then give the training loaders (but those of
-    ``start_over``) their saved ``positions``, which Lightning gives back before the epoch is set or drops
-    (#20550); the fetcher's iterator must then be made again (:func:`remake_iterator`). True if it gave any back."""
+    """At the start of a resumed fit, set the samplers' epoch, then give the training loaders (but ``start_over``)
+    their saved ``positions``, which Lightning gives back before the epoch is set or drops (#20550); the iterator
+    must then be made again (:func:`remake_iterator`). True if it gave any back."""
     fit_loop = trainer.fit_loop
     loaders = training_loaders(trainer)
-    if not positions or not loaders or fit_loop._data_fetcher is None:
-        return False
-    # the fit loop saved one position per loader that has state_dict and load_state_dict, in this order
-    stateful = [loader for loader in loaders if epoch_order.has_state(loader)]
-    if len(stateful) != len(positions):  # not the loaders that were saved: Lightning raises on its own path
-        return False
+    stateful = [loader for loader in loaders if epoch_order.has_state(loader)]  # those the fit loop saved, in order
+    if not positions or fit_loop._data_fetcher is None or len(stateful) != len(positions):
+        return False  # (other loaders than those saved: Lightning raises on its own path)
     epoch = epoch_now(trainer)
     for loader in loaders:
         samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
@@ -83,11 +78,11 @@ def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]], star
             if callable(set_epoch):
                 set_epoch(epoch)
     fresh = {id(loader) for loader in start_over}
-    for loader, position in zip(stateful, positions):
-        if id(loader) not in fresh:
-            loader.load_state_dict(position)
+    given = [(loader, position) for loader, position in zip(stateful, positions) if id(loader) not in fresh]
+    for loader, position in given:
+        loader.load_state_dict(position)
     fit_loop._combined_loader_states_to_load = []  # given back here, where Lightning dropped them (#20550)
-    return len(fresh) < len(stateful)
+    return bool(given)
 
 
 def remake_iterator(trainer: Any) -> None:
@@ -112,29 +107,22 @@ def logger_run(logger: Any, kind: str) -> Any:
         if logger._experiment is not None:
             return logger._experiment.id
         active = getattr(sys.modules.get("wandb"), "run", None)  # a run the script made: the logger will take it
-        return active.id if active is not None else logger._id
-    if kind == "MLFlowLogger":
-        return logger._run_id
-    return logger._version
+        if active is not None:
+            return active.id
+    return getattr(logger, _RUN_NAMES[kind])
 
 
 def logger_made(logger: Any, kind: str) -> bool:
     """Whether ``logger`` has made its run (its writer, its W&B run, its MLflow run) already."""
-    if kind == "MLFlowLogger":
-        return bool(logger._initialized)
-    return logger._experiment is not None
+    return bool(logger._initialized) if kind == "MLFlowLogger" else logger._experiment is not None
 
 
 def give_logger_run(logger: Any, kind: str, run: Any) -> None:
     """Make ``logger``, whose run is not fixed yet, write to ``run``. A CSV logger makes its writer now and keeps
     the ``metrics.csv`` that Lightning's writer deletes in a folder it finds not empty, to append to it."""
+    setattr(logger, _RUN_NAMES[kind], run)
     if kind == "WandbLogger":
-        logger._id = run
         logger._wandb_init.update(id=run, resume="allow")
-    elif kind == "MLFlowLogger":
-        logger._run_id = run
-    else:
-        logger._version = run
     if kind == "CSVLogger":
         _continue_csv(logger)
 
