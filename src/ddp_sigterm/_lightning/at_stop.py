@@ -1,7 +1,5 @@
-"""The agreed stop's work on a Trainer: the stop checkpoint, saved in unison with the package's record (the loggers'
-runs, the training data's place), and the SLURM requeue, run once by global rank 0 while every rank learns the
-outcome. A failure on any rank raises :class:`StopError` on every rank.
-"""
+"""The agreed stop's work on a Trainer, in unison: the stop checkpoint with the package's record (the loggers' runs,
+the data's place) and the SLURM requeue by global rank 0. A failure on any rank raises ``StopError`` on every rank."""
 
 from __future__ import annotations
 
@@ -21,8 +19,8 @@ from ddp_sigterm._lightning.settings import TrainerSettings
 
 def save_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: TrainerSettings, step: int,
                     distribution: str) -> str | None:
-    """Every rank takes part in saving ``hpc_ckpt_<N>.ckpt`` (:func:`save_in_unison`); rank 0 then keeps the newest
-    ``keep_checkpoints`` and warns for a loader whose position it cannot hold. Returns the path on rank 0."""
+    """Every rank saves ``hpc_ckpt_<N>.ckpt``; rank 0 then keeps the newest ``keep_checkpoints``, warns for a
+    loader whose position it cannot hold, and returns the path."""
     directory = stop_checkpoints.directory(trainer, settings)
     path, dump = internals.hpc_checkpoint(trainer, directory)  # only rank 0's path is used: it renames
 
@@ -46,10 +44,9 @@ def save_checkpoint(trainer: Any, coordinator: StopCoordinator, settings: Traine
 
 
 def _positionless(iterables: Any) -> list[str]:
-    """The class names of the loaders in ``trainer.train_dataloader`` (a loader, or lists, tuples and dicts of
-    them) whose position a checkpoint cannot hold."""
+    """The class names of the loaders in ``iterables`` (nested in lists, tuples, dicts) with no position to save."""
     if isinstance(iterables, dict):
-        return [name for value in iterables.values() for name in _positionless(value)]
+        iterables = list(iterables.values())
     if isinstance(iterables, (list, tuple)):
         return [name for value in iterables for name in _positionless(value)]
     return [] if iterables is None or epoch_order.has_state(iterables) else [type(iterables).__name__]
@@ -57,9 +54,8 @@ def _positionless(iterables: Any) -> list[str]:
 
 def requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision, requeue_signal: int,
             step: int) -> str | None:
-    """Global rank 0 runs ``scontrol requeue`` once if the stop is the requeue signal's or SLURM is preempting the
-    job (if ``scontrol`` cannot tell, it warns and does not). Returns ``"<job id> requeued: <why>"`` on rank 0 if it
-    requeued."""
+    """Global rank 0 runs ``scontrol requeue`` if the stop is the requeue signal's or SLURM is preempting the job
+    (if ``scontrol`` cannot tell, it warns and does not); returns ``"<job id> requeued: <why>"`` there if it did."""
 
     def requeue_on_rank_0() -> str | None:
         if not trainer.is_global_zero:

@@ -11,8 +11,7 @@ from fsspec.core import url_to_fs
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._lightning.settings import TrainerSettings
 
-KEY = "ddp_sigterm"
-"""A stop checkpoint's entry of the package's own, which Lightning ignores: the loggers' runs and the data's place."""
+KEY = "ddp_sigterm"  # a stop checkpoint's entry of the package's own (Lightning ignores it)
 
 _NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
@@ -23,8 +22,7 @@ def is_one(path: object) -> bool:
 
 
 def saved(directory: str) -> list[str]:
-    """The stop checkpoints in ``directory``, oldest (lowest ``N``) first, in the form of ``directory`` (a URL stays a
-    URL); empty if the directory does not exist."""
+    """The stop checkpoints in ``directory`` (a path or URL, as given), oldest (lowest ``N``) first."""
     fs, root = url_to_fs(directory)
     fs.invalidate_cache(root)  # another process (a previous attempt, another rank) wrote there
     if not fs.isdir(root):
@@ -39,14 +37,12 @@ def saved(directory: str) -> list[str]:
 
 
 def newest(directory: str) -> str | None:
-    """The newest stop checkpoint of ``directory`` (highest ``N``), None if it has none."""
     found = saved(directory)
     return found[-1] if found else None
 
 
 def keep_newest(directory: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` stop checkpoints of ``directory`` (0: keep all); returns the paths deleted.
-    A failed deletion is a warning: the new checkpoint is saved already."""
+    """Delete all but the newest ``keep`` stop checkpoints of ``directory`` (0: keep all); returns those deleted."""
     if keep <= 0:
         return []
     fs, _ = url_to_fs(directory)
@@ -69,8 +65,7 @@ def directory(trainer: Any, settings: TrainerSettings) -> str:
 
 
 def newest_on_every_rank(trainer: Any, settings: TrainerSettings) -> str | None:
-    """Global rank 0's newest stop checkpoint, on every rank (a collective: every rank resumes from the same file, or
-    none does)."""
+    """Global rank 0's newest stop checkpoint, on every rank (a collective: every rank resumes from the same one)."""
     found = newest(directory(trainer, settings)) if trainer.is_global_zero else None
     chosen: str | None = trainer.strategy.broadcast(found, src=0)
     if chosen is not None:
