@@ -1,9 +1,8 @@
 """The canary: every private name of Lightning (and of torch) the package reaches is still there.
 
 Run on every release of the version matrix (make test-versions). A failure names the attribute, what
-the package uses it for, and the release: the place to look is ``src/ddp_sigterm/_lightning/internals.py`` (its lists;
-the loaders' and loggers' accessors are in ``resume_internals.py``; torch's: ``runtime.TORCH_INTERNALS`` and
-``torchelastic.AGENT_VARIABLES``).
+the package uses it for, and the release: the place to look is ``src/ddp_sigterm/_lightning/internals.py`` (its lists
+and accessors; torch's: ``runtime.TORCH_INTERNALS`` and ``torchelastic.AGENT_VARIABLES``).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from ddp_sigterm._core import runtime, torchelastic
-from ddp_sigterm._lightning import internals, resume_internals
+from ddp_sigterm._lightning import internals
 
 # distribution -> (its Trainer package, its Fabric package, the package's integration module)
 DISTRIBUTIONS = {
@@ -76,7 +75,7 @@ def test_every_logger_internal_the_package_reaches_is_there(distribution: str, t
         made = {"WandbLogger": lambda cls: cls(save_dir=str(tmp_path), offline=True),
                 "MLFlowLogger": lambda cls: cls(tracking_uri=f"file:{tmp_path}/mlruns")}.get(kind, lambda cls: cls(
                     str(tmp_path)))(getattr(loggers, kind))
-        assert resume_internals.logger_kind(made) == kind
+        assert internals.logger_kind(made) == kind
         assert not internals.missing(made, internals.LOGGERS[kind], distribution), kind
         checked.append(kind)
     csv_writer = loggers.CSVLogger(str(tmp_path)).experiment
@@ -107,8 +106,8 @@ def test_the_sampler_wrapper_whose_order_a_resume_deals_is_there(distribution: s
     inner = RandomSampler(range(10))
     wrapper = getattr(module, internals.SAMPLER_WRAPPER)(inner, num_replicas=2, rank=0)
     assert not internals.missing(wrapper, internals.WRAPPED, distribution)
-    assert resume_internals.wrapped_sampler(wrapper) is inner
-    assert resume_internals.wrapped_sampler(inner) is None
+    assert internals.wrapped_sampler(wrapper) is inner
+    assert internals.wrapped_sampler(inner) is None
     assert [wrapper.dataset[place] for place in range(10)] == wrapper.dataset._sampler_list, \
         "the wrapper's places index the order it drew from the wrapped sampler"
 

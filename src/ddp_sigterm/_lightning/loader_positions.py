@@ -16,8 +16,8 @@ from torch.utils.data import DistributedSampler
 from ddp_sigterm._core import epoch_order
 from ddp_sigterm._core.epoch_order import EpochPosition
 from ddp_sigterm._core.log import logger
-from ddp_sigterm._lightning import resume_internals
-from ddp_sigterm._lightning.resume_internals import EpochLength
+from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning.internals import EpochLength
 
 KEY = "data_position"
 """Its entry in the stop checkpoint's own (``stop_checkpoints.KEY``): ``{"world_size", "batch_size", "loaders"}``,
@@ -37,7 +37,7 @@ class Resumed:
 def record(trainer: Any) -> dict[str, Any]:
     """What the stop checkpoint records of the training data's place; where it cannot (an error included, logged:
     the save goes on), why not, for a resume on other ranks to say."""
-    loaders = resume_internals.training_loaders(trainer)
+    loaders = internals.training_loaders(trainer)
     entries = []
     for loader in loaders:
         try:
@@ -55,11 +55,11 @@ def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
     if not epoch_order.has_state(loader):
         return {"why": _no_state(loader)}
     own = epoch_order.own_sampler(batch_sampler)
-    wrapped = resume_internals.wrapped_sampler(own)
+    wrapped = internals.wrapped_sampler(own)
     batch_size = getattr(batch_sampler, "batch_size", None)
-    consumed = resume_internals.batches_this_epoch(trainer) * batch_size if isinstance(batch_size, int) else 0
+    consumed = internals.batches_this_epoch(trainer) * batch_size if isinstance(batch_size, int) else 0
     entry = epoch_order.record(batch_sampler, consumed, None if wrapped is None else own.dataset.__getitem__,
-                               resume_internals.is_sampler_wrapper)
+                               internals.is_sampler_wrapper)
     generator = getattr(wrapped, "generator", None)
     return {**entry, "samples": len(loader.dataset),
             "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
@@ -68,7 +68,7 @@ def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
 def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
     """Before the loaders of a fit resumed from a stop get their positions back: deal the rest of the stopped epoch
     that ``recorded`` where those would not give it (a wrapped sampler, another number of ranks), or start it over."""
-    loaders = resume_internals.training_loaders(trainer)
+    loaders = internals.training_loaders(trainer)
     resumed = Resumed()
     if recorded is None or not loaders:
         return resumed
@@ -89,9 +89,7 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
         if why is not None:
             resumed.start_over.append(loader)  # not given its position: the epoch's first batch next
             resumed.changed = True
-            epoch = resume_internals.epoch_now(trainer)
-            resumed.said.append(f"ddp_sigterm: the training loader's place in epoch {epoch} cannot be carried from "
-                                f"{before} ranks to {now} ({why}): the epoch starts over")
+            resumed.said.append(epoch_order.start_over_message(internals.epoch_now(trainer), before, now, why))
     return resumed
 
 
@@ -117,7 +115,7 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Re
     """Have ``loader`` deal this rank's share of the rest of the recorded epoch, the wrapped sampler given its
     generator back; returns why it cannot, or None."""
     position = EpochPosition.from_dict(entry["position"])
-    if position.epoch != resume_internals.epoch_now(trainer) or position.trained == len(position.order):
+    if position.epoch != internals.epoch_now(trainer) or position.trained == len(position.order):
         return None  # the stopped epoch was over
     batch_sampler = loader.batch_sampler
     own, own_length = batch_sampler.sampler, len(batch_sampler)
@@ -128,8 +126,8 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Re
         if trainer.limit_train_batches != 1.0:
             batch_sampler.sampler = own
             return f"limit_train_batches={trainer.limit_train_batches} cuts an epoch of another length"
-        resumed.lengths = resume_internals.set_epoch_length(trainer, batches)
-    generator = getattr(resume_internals.wrapped_sampler(own), "generator", None)
+        resumed.lengths = internals.set_epoch_length(trainer, batches)
+    generator = getattr(internals.wrapped_sampler(own), "generator", None)
     if entry["generator"] is not None and isinstance(generator, torch.Generator):
         generator.set_state(entry["generator"])  # its next draw is the next epoch's, as in the run that stopped
     resumed.changed = True

@@ -1,8 +1,6 @@
-"""The loggers' runs across a stop: the stop checkpoint records each logger's run, and a fit resumed from it gives
-each its run back, so that one training is one TensorBoard or CSV version, one W&B run, one MLflow run. Given back
-on global rank 0, right after the Trainer chose the checkpoint and before ``Trainer._run`` makes the runs (see
-:meth:`TrainerStop.entry_point`); docs/trainer.md has the details.
-"""
+"""The loggers' runs across a stop: the stop checkpoint records each logger's run and a fit resumed from it gives
+each its run back, so that one training is one TensorBoard or CSV version, one W&B run, one MLflow run
+(docs/trainer.md)."""
 
 from __future__ import annotations
 
@@ -13,14 +11,13 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from ddp_sigterm._lightning import internals, stop_checkpoints
-from ddp_sigterm._lightning.resume_internals import give_logger_run, logger_kind, logger_made, logger_run
+from ddp_sigterm._lightning.internals import give_logger_run, logger_kind, logger_made, logger_run
 
 Runs = list[dict[str, Any] | None]
 
 
 def record(loggers: list[Any], distribution: str) -> Runs:
-    """What the stop checkpoint records of ``loggers``' runs: per logger ``{"logger": <class>, "run": <run>}``, or
-    None where its run is not carried. ``distribution``'s release gates the internals."""
+    """Per logger ``{"logger": <class>, "run": <run>}``, or None where its run is not carried."""
     runs: Runs = []
     for logger in loggers:
         kind = logger_kind(logger)
@@ -30,8 +27,8 @@ def record(loggers: list[Any], distribution: str) -> Runs:
 
 
 def recorded(path: str) -> Runs:
-    """The runs the stop checkpoint at ``path`` recorded (empty for one from before they were). A local file is
-    memory-mapped, so only its small part that is not tensors is read; ``weights_only=False``, as Lightning reads it."""
+    """The runs the stop checkpoint at ``path`` recorded (empty for an older one). A local file is memory-mapped:
+    only its small part that is not tensors is read."""
     fs, where = url_to_fs(path)
     if fs.isdir(where):  # a sharded checkpoint (FSDP's): its part that is not tensors
         where = f"{where.rstrip('/')}/meta.pt"
@@ -45,8 +42,8 @@ def recorded(path: str) -> Runs:
 
 
 def give_back(loggers: list[Any], runs: Runs, distribution: str) -> tuple[list[str], list[str]]:
-    """Give each of ``loggers`` the run recorded at its place in ``runs``, if it is of the same class and its own run
-    is not fixed yet. Returns what was given back and a warning for each logger that keeps another run."""
+    """Give each of ``loggers`` of the same class the run at its place in ``runs``, unless it has another already;
+    returns what was given back and a warning for each logger that keeps another run."""
     given, kept = [], []
     for logger, saved in zip(loggers, runs):
         kind = logger_kind(logger)

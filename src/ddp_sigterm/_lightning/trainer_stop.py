@@ -18,7 +18,7 @@ from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
-from ddp_sigterm._lightning import at_stop, internals, loader_positions, logger_runs, resume_internals, stop_checkpoints
+from ddp_sigterm._lightning import at_stop, internals, loader_positions, logger_runs, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -183,9 +183,9 @@ class TrainerStop(Integration):
         if self._coordinator is None or not stop_checkpoints.is_one(trainer.ckpt_path):
             return
         resumed = loader_positions.resume(trainer, recorded)
-        given = resume_internals.restore_loader_positions(trainer, positions, resumed.start_over)
+        given = internals.restore_loader_positions(trainer, positions, resumed.start_over)
         if given or resumed.changed:
-            resume_internals.remake_iterator(trainer)
+            internals.remake_iterator(trainer)
         self._epoch_lengths = resumed.lengths
         for said in resumed.said:
             self.lightning.rank_zero_info(said)
@@ -196,10 +196,10 @@ class TrainerStop(Integration):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         lengths, self._epoch_lengths = self._epoch_lengths, None
         if lengths is not None:  # the epoch the package dealt is over: Lightning's own length again
-            resume_internals.set_epoch_length(trainer, *lengths)
+            internals.set_epoch_length(trainer, *lengths)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        self._loader_positions = resume_internals.saved_loader_positions(checkpoint)
+        self._loader_positions = internals.saved_loader_positions(checkpoint)
         self._data_position = checkpoint.get(stop_checkpoints.KEY, {}).get(loader_positions.KEY)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
