@@ -1,5 +1,4 @@
-"""The Trainer callback for ``lightning.pytorch``, added to every Trainer by its ``callbacks_factory`` entry point;
-its behaviour is in :mod:`ddp_sigterm._lightning.trainer_stop`."""
+"""The Trainer callback for ``lightning.pytorch``, added by its ``callbacks_factory`` entry point."""
 
 from __future__ import annotations
 

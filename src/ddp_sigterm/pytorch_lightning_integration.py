@@ -1,5 +1,4 @@
-"""The Trainer callback for the standalone ``pytorch_lightning``, whose classes are its own, added to every Trainer
-by its ``callbacks_factory`` entry point; its behaviour is in :mod:`ddp_sigterm._lightning.trainer_stop`."""
+"""The Trainer callback for the standalone ``pytorch_lightning``, added by its ``callbacks_factory`` entry point."""
 
 from __future__ import annotations
 

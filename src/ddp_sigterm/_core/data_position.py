@@ -54,7 +54,7 @@ class DataPosition:
         stateful = loaded["loader"] is not None
         if "position" not in entry:
             if before != now:
-                self._start_over(epoch, before, now, str(entry["why"]))
+                _on_rank_0(epoch_order.start_over_message(epoch, before, now, str(entry["why"])))
             elif stateful:
                 self.loader.load_state_dict(loaded["loader"])  # as the loader alone would resume
             return
@@ -62,7 +62,8 @@ class DataPosition:
         if position.epoch != epoch:
             return  # saved at the end of an epoch: the next is new
         if not hasattr(own, "num_replicas"):
-            self._start_over(epoch, before, now, f"its sampler, {type(own).__name__}, is not distributed now")
+            why = f"its sampler, {type(own).__name__}, is not distributed now"
+            _on_rank_0(epoch_order.start_over_message(epoch, before, now, why))
             return
         self._batches = position.consumed // position.batch_size
         if stateful:  # it passes over what it had given out, of what is dealt below or of its own order
@@ -72,11 +73,6 @@ class DataPosition:
         dealing = epoch_order.deal(self.loader.batch_sampler, position, position.consumed if stateful else 0)
         if now != position.world_size:
             _on_rank_0(epoch_order.dealt_message(dealing))
-
-    def _start_over(self, epoch: int, before: int, now: int, why: str) -> None:
-        self._batches = 0
-        _on_rank_0(f"ddp_sigterm: the training loader's place in epoch {epoch} cannot be carried from {before} ranks "
-                   f"to {now} ({why}): the epoch starts over")
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's own position, and the epoch's order and how much of it was trained (every rank's alike)."""

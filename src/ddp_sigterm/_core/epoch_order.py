@@ -1,8 +1,8 @@
 """Where a stop left the training data in its epoch, and the rest of that epoch on any number of ranks.
 
-A distributed sampler deals place ``i`` of an epoch's global order to rank ``i % W``, and a stop is agreed at
-the same batch everywhere, so what was trained is a prefix of that order. :class:`EpochPosition` records both;
-:class:`RestOfEpoch` deals the rest on the resumed run (docs/trainer.md). Pure: torch only, no process group.
+A distributed sampler deals place ``i`` of an epoch's global order to rank ``i % W`` and every rank stops at the same
+batch, so what was trained is a prefix of that order: :class:`EpochPosition` records both, :class:`RestOfEpoch` deals
+the rest (docs/trainer.md). Pure: torch only, no process group.
 """
 
 from __future__ import annotations
@@ -21,15 +21,11 @@ class EpochPosition:
     """A training loader's place in its epoch at a stop, the same on every rank."""
 
     epoch: int
-    world_size: int
-    """The ranks the epoch was dealt to."""
+    world_size: int  # the ranks the epoch was dealt to
     batch_size: int
-    consumed: int
-    """Samples each rank's loader has given out in the epoch."""
-    trained: int
-    """Places of ``order`` trained, a prefix (``world_size × consumed`` unless resumed on another world size)."""
-    order: list[int]
-    """The epoch's global order: the sample at place ``i`` went to rank ``i % world_size``."""
+    consumed: int  # samples each rank's loader has given out in the epoch
+    trained: int  # places of ``order`` trained, a prefix (``world_size × consumed`` unless resumed on other ranks)
+    order: list[int]  # the epoch's global order: the sample at place ``i`` went to rank ``i % world_size``
 
     def __post_init__(self) -> None:
         if not 0 <= self.trained <= len(self.order):
@@ -44,11 +40,8 @@ class EpochPosition:
         ``world_size × multiple`` (``multiple``: a batch, where the loader drops a last partial one)."""
         if world_size == self.world_size:
             return self.order[self.trained:]
-        seen, rest = set(self.order[:self.trained]), []
-        for sample in self.order[self.trained:]:
-            if sample not in seen:
-                seen.add(sample)
-                rest.append(sample)
+        trained = set(self.order[:self.trained])
+        rest = [sample for sample in dict.fromkeys(self.order[self.trained:]) if sample not in trained]
         if not rest:
             return rest
         short = -len(rest) % (world_size * multiple)
@@ -62,7 +55,6 @@ class EpochPosition:
                              self.order[:self.trained] + rest)
 
     def as_dict(self) -> dict[str, Any]:
-        """As the stop checkpoint keeps it (the order as a tensor)."""
         return {**dataclasses.asdict(self), "order": torch.tensor(self.order, dtype=torch.int64)}
 
     @classmethod
@@ -81,8 +73,8 @@ def global_order(sampler: DistributedSampler[Any], place: Callable[[int], int] |
 
 
 def deals_global_order(sampler: DistributedSampler[Any], known: Callable[[type], bool] | None = None) -> bool:
-    """Whether ``sampler`` deals torch's DistributedSampler order: its iteration is torch's, torchdata's
-    StatefulDistributedSampler's, or one ``known(cls)`` vouches for; a subclass's own iteration is not."""
+    """Whether ``sampler``'s iteration is torch's DistributedSampler's, torchdata's StatefulDistributedSampler's, or
+    one ``known(cls)`` vouches for (a subclass's own is not)."""
     owner = next(cls for cls in type(sampler).__mro__ if "__iter__" in vars(cls))
     return owner is DistributedSampler or owner.__module__.startswith("torchdata.stateful_dataloader") or \
         (known is not None and known(owner))
@@ -90,9 +82,8 @@ def deals_global_order(sampler: DistributedSampler[Any], known: Callable[[type],
 
 def record(batch_sampler: Any, consumed: int, place: Callable[[int], int] | None = None,
            known: Callable[[type], bool] | None = None) -> dict[str, Any]:
-    """What a stop records of a loader's place in its epoch, each rank having trained ``consumed`` samples:
-    ``{"position": ..., "own_order": <its own sampler deals the same order again on as many ranks>}``, or
-    ``{"why": <why not>}``."""
+    """A loader's place in its epoch, each rank having trained ``consumed`` samples: ``{"position", "own_order"}``
+    (``own_order``: its own sampler deals the same order again on as many ranks), or ``{"why"}``."""
     batch_size = getattr(batch_sampler, "batch_size", None)
     dealing = getattr(batch_sampler, "sampler", None)
     dealing = dealing if isinstance(dealing, RestOfEpoch) else None  # a stop again, in the rest of an epoch dealt here
@@ -104,7 +95,7 @@ def record(batch_sampler: Any, consumed: int, place: Callable[[int], int] | None
     if not deals_global_order(sampler, known):
         return {"why": f"its sampler, {type(sampler).__name__}, deals an order of its own"}
     if dealing is not None:
-        position = dealing.now(sampler.num_replicas, batch_size, consumed)
+        position = dealing.position.continued(dealing.rest, sampler.num_replicas, batch_size, consumed)
     else:
         order = global_order(sampler, place)
         position = EpochPosition(sampler.epoch, sampler.num_replicas, batch_size, consumed,
@@ -135,6 +126,12 @@ def deal(batch_sampler: Any, position: EpochPosition, skipped: int) -> RestOfEpo
     return dealing
 
 
+def start_over_message(epoch: int, before: int, now: int, why: str) -> str:
+    """What rank 0 says, once, when a stopped epoch starts over on another number of ranks."""
+    return (f"ddp_sigterm: the training loader's place in epoch {epoch} cannot be carried from {before} ranks to "
+            f"{now} ({why}): the epoch starts over")
+
+
 def dealt_message(dealing: RestOfEpoch) -> str:
     """What rank 0 says, once, when the rest of a stopped epoch is dealt over another number of ranks."""
     rest, size = dealing.rest, dealing.batch_sampler.batch_size
@@ -161,17 +158,12 @@ class RestOfEpoch(Sampler[int]):
         return len(self.indices)
 
     def set_epoch(self, epoch: int) -> None:
-        """Passed on to the loader's own sampler (Lightning may reach it only through here), which deals again
-        from the next epoch on."""
+        """Passed on to the loader's own sampler (Lightning may reach it only here), which deals from the next epoch."""
         set_epoch = getattr(self.sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
         if epoch != self.epoch and self.batch_sampler.sampler is self:
             self.batch_sampler.sampler = self.sampler
-
-    def now(self, world_size: int, batch_size: int, consumed: int) -> EpochPosition:
-        """The epoch's position once each rank's loader has given out ``consumed`` samples of it."""
-        return self.position.continued(self.rest, world_size, batch_size, consumed)
 
 
 class StatefulRestOfEpoch(RestOfEpoch):

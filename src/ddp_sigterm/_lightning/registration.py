@@ -1,5 +1,4 @@
-"""How an integration object (the Trainer callback, the Fabric callback) is configured, added by an entry point,
-and chosen when the user passed one as well."""
+"""How an integration object (the Trainer or Fabric callback) is configured, added by an entry point, and chosen."""
 
 from __future__ import annotations
 
@@ -15,8 +14,8 @@ _NOTICE_FIELDS = {field.name for field in dataclasses.fields(NoticeSettings)}
 
 
 class Integration:
-    """Base of the integration objects: the core's ``settings``, the notice watch's, and whether an entry point
-    added it. Keyword overrides go to the component whose field they name."""
+    """The core's ``settings``, the notice watch's, and whether an entry point added it; keyword overrides go to
+    the component whose field they name."""
 
     def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
         if settings is not None and overrides:
@@ -28,8 +27,7 @@ class Integration:
 
     @classmethod
     def entry_point(cls: type[T]) -> list[T]:
-        """What a ``callbacks_factory`` entry point returns: one auto-registered instance, or none
-        when ``DDP_SIGTERM=0``."""
+        """What a ``callbacks_factory`` entry point returns: one instance, none when ``DDP_SIGTERM=0``."""
         instance = cls()
         if not instance.settings.enabled:
             return []
@@ -38,7 +36,6 @@ class Integration:
 
 
 def acting(callbacks: Iterable[Any], family: type[T]) -> T | None:
-    """The instance of ``family`` among ``callbacks`` that acts: the first one the user passed,
-    else the one the entry point added."""
+    """The instance of ``family`` that acts: the first one the user passed, else the entry point's."""
     found = [cb for cb in callbacks if isinstance(cb, family)]
     return next((cb for cb in found if not cb.auto_registered), found[0] if found else None)

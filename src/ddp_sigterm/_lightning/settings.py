@@ -1,5 +1,4 @@
-"""The Trainer's own settings (its stop checkpoint and resuming), set in code by ``UnisonStop(checkpoint_dir=...)``
-and overridden by ``DDP_SIGTERM_<FIELD>`` as the core's :class:`ddp_sigterm.Settings` are; the core never reads them."""
+"""The Trainer callback's own settings (its stop checkpoint, resuming), which the core never reads."""
 
 from __future__ import annotations
 
@@ -11,27 +10,19 @@ from ddp_sigterm._core.settings import SettingsError, check_bools, read_from_env
 @read_from_environment
 @dataclasses.dataclass(frozen=True)
 class TrainerSettings:
-    """What the Trainer callback does around the stop. Every field can be overridden by ``DDP_SIGTERM_<FIELD>``."""
+    """What the Trainer callback does around the stop; ``DDP_SIGTERM_<FIELD>`` overrides each field
+    (docs/configuration.md)."""
 
     save_checkpoint: bool = True
-    """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit`` (Lightning integration)."""
-
+    """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit``."""
     checkpoint_dir: str = ""
-    """Where the Trainer's stop checkpoints go: a local directory or an fsspec URL (``s3://bucket/run``).
-    Empty (the default): the Trainer's ``default_root_dir``, where Lightning looks for ``ckpt_path="hpc"``."""
-
+    """The stop checkpoints' directory or fsspec URL; empty: ``default_root_dir``, where ``ckpt_path="hpc"`` looks."""
     keep_checkpoints: int = 0
-    """How many stop checkpoints (``hpc_ckpt_<N>.ckpt``) to keep in that directory: after a stop
-    checkpoint is saved, all but the newest ``keep_checkpoints`` are deleted. 0 (the default) keeps all."""
-
+    """After a stop checkpoint is saved, keep the newest this many there (0: all)."""
     resume: bool = False
-    """Resume ``fit`` started without ``ckpt_path`` from the newest stop checkpoint, on every platform (Lightning
-    does it only under SLURM, from ``default_root_dir``). Off by default, so that a script run again starts from
-    scratch; set ``DDP_SIGTERM_RESUME=1`` where a relaunch must resume (a Kubernetes Job, torchrun's restarts)."""
-
+    """A ``fit`` started without ``ckpt_path`` resumes from the newest stop checkpoint, on every platform."""
     resume_logger_runs: bool = True
-    """A fit resumed from a stop checkpoint gives the Trainer's loggers the runs they wrote to before the stop
-    (TensorBoard's and CSV's version, W&B's and MLflow's run), so that the resumed run appends to them."""
+    """A fit resumed from a stop checkpoint gives the loggers the runs they wrote to before the stop."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_dir, str):
