@@ -28,8 +28,6 @@ from ddp_sigterm._core import epoch_order
 CHECKED = ("2.5.1", "2.5.2", "2.5.6", "2.6.0", "2.6.6")
 """The releases of ``lightning`` and ``pytorch_lightning`` checked (``make test-versions``); those between agree."""
 
-Handler = Callable[[int, Any], Any]
-
 
 @dataclasses.dataclass(frozen=True)
 class Internal:
@@ -87,7 +85,7 @@ _warned: set[str] = set()
 
 
 def launchers(fabric: str) -> ModuleType | None:
-    """The module of ``fabric``'s (``lightning.fabric`` or ``lightning_fabric``) launcher watch, None if it is gone."""
+    """The module of ``fabric``'s launcher watch, None if it is gone."""
     try:
         return importlib.import_module(f"{fabric}.strategies.launchers.subprocess_script")
     except ImportError:
@@ -95,7 +93,6 @@ def launchers(fabric: str) -> ModuleType | None:
 
 
 def at_least(distribution: str, version: str) -> bool:
-    """Whether the installed ``distribution`` (``lightning`` or ``pytorch_lightning``) is ``version`` or later."""
     return bool(compare_version(distribution, operator.ge, version))
 
 
@@ -114,7 +111,7 @@ def _has(owner: Any, path: str) -> bool:
 
 
 def untested(distribution: str, version: str) -> str | None:
-    """A warning for a release outside the checked range, else None."""
+    """A warning for a release outside :data:`CHECKED`'s range, else None."""
     release = Version(version).release
     if Version(CHECKED[0]).release <= release <= Version(CHECKED[-1]).release:
         return None
@@ -139,11 +136,10 @@ def requeue_signal(trainer: Any, slurm_environment: type[Any]) -> int | None:
 
 
 def routed_signals(requeue: int | None) -> tuple[int, ...]:
-    """The signals :func:`take_signal_handlers` hands the recorder."""
     return (signal.SIGTERM,) + (() if requeue is None else (requeue,))
 
 
-def take_signal_handlers(trainer: Any, record: Handler, distribution: str) -> None:
+def take_signal_handlers(trainer: Any, record: Callable[[int, Any], Any], distribution: str) -> None:
     """Route the Trainer's SIGTERM and SLURM requeue signal to ``record`` (Lightning still registers, chains and
     restores the handlers); switch off rank 0's per-batch broadcast (2.5.2+)."""
     connector = trainer._signal_connector
@@ -235,7 +231,7 @@ def optimizer_stepped(trainer: Any) -> bool:
 
 
 def hpc_checkpoint(trainer: Any, directory: str) -> tuple[str, Callable[[], dict[str, Any]]]:
-    """The path of the next ``hpc_ckpt_<N>.ckpt`` in ``directory`` and a function that dumps its contents."""
+    """The next ``hpc_ckpt_<N>.ckpt`` in ``directory`` and a function that dumps its contents."""
     connector = trainer._checkpoint_connector
     return connector.hpc_save_path(directory), lambda: connector.dump_checkpoint(weights_only=False)
 
@@ -255,7 +251,6 @@ def saved_loader_positions(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def training_loaders(trainer: Any) -> list[Any]:
-    """The fit's training loaders, once its data is set up; else empty."""
     loaders = trainer.fit_loop._combined_loader
     return [] if loaders is None else list(loaders.flattened)
 
@@ -265,7 +260,7 @@ def epoch_now(trainer: Any) -> int:
 
 
 def batches_this_epoch(trainer: Any) -> int:
-    """The training batches of this epoch run to their end (at a batch end, that one included)."""
+    """At a batch end, that one included."""
     return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
@@ -286,7 +281,7 @@ def is_sampler_wrapper(cls: type) -> bool:
 
 
 def wrapped_sampler(sampler: Any) -> Any | None:
-    """The sampler that Lightning's DistributedSamplerWrapper ``sampler`` wraps; None for any other sampler."""
+    """The sampler that a DistributedSamplerWrapper ``sampler`` wraps; None for any other sampler."""
     return sampler.dataset._sampler if any(is_sampler_wrapper(cls) for cls in type(sampler).__mro__) else None
 
 
@@ -340,7 +335,7 @@ def logger_run(logger: Any, kind: str) -> Any:
 
 
 def logger_made(logger: Any, kind: str) -> bool:
-    """Whether ``logger`` has made its run (its writer, its W&B run, its MLflow run) already."""
+    """Whether ``logger`` has made its run (its writer, its W&B or MLflow run) already."""
     return bool(logger._initialized) if kind == "MLFlowLogger" else logger._experiment is not None
 
 

@@ -7,6 +7,7 @@ account; every private name of Lightning it reaches is in :mod:`internals`.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +15,15 @@ from typing import Any
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException
 
-from ddp_sigterm._core import exit_codes
+from ddp_sigterm import slurm
+from ddp_sigterm._core import epoch_order, exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
+from ddp_sigterm._core.decision import StopDecision
+from ddp_sigterm._core.log import logger
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
-from ddp_sigterm._lightning import at_stop, internals, loader_positions, logger_runs, stop_checkpoints
+from ddp_sigterm._core.stop_save import in_unison, save_in_unison
+from ddp_sigterm._lightning import internals, loader_positions, logger_runs, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -99,27 +104,6 @@ class TrainerStop(Integration):
             internals.before_run(trainer, _before_run)
         return instances
 
-    def _give_logger_runs_back(self, trainer: Any, path: Any) -> None:
-        """Before a fit resumed from ``path`` makes its loggers' runs, give each the run recorded; a failure is a
-        warning. Global rank 0 only, known from node and local rank (``ddp_spawn`` sets the global rank in ``_run``)."""
-        if trainer.node_rank != 0 or trainer.local_rank != 0:
-            return
-        if path is None and self._resumes_when_not_told() and self._supported(trainer):  # what setup's resume chooses
-            path = stop_checkpoints.newest(stop_checkpoints.directory(trainer, self.trainer_settings))
-        if not stop_checkpoints.is_one(path):
-            return
-        try:
-            given, kept = logger_runs.give_back(trainer.loggers, logger_runs.recorded(str(path)),
-                                                self.lightning.distribution)
-        except Exception as error:  # Lightning's own load of the same file then says what is wrong, if anything
-            warnings.warn(f"ddp_sigterm: the loggers start new runs: their runs could not be given back from {path} "
-                          f"({type(error).__name__}: {error})", stacklevel=2)
-            return
-        for message in kept:
-            warnings.warn(message, stacklevel=2)
-        if given:
-            self.lightning.rank_zero_info(f"ddp_sigterm: the loggers continue the stop's runs: {', '.join(given)}")
-
     def _supported(self, trainer: Any) -> bool:
         """Whether the running Lightning has every internal needed; if not, a warning names what is missing."""
         name, version = self.lightning.distribution, self.lightning.version
@@ -148,12 +132,10 @@ class TrainerStop(Integration):
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._close()
-        if isinstance(exception, ProcessExitedException) and not self._steps_aside(trainer):
-            self._exit_as_the_ranks(trainer, exception)
-
-    def _exit_as_the_ranks(self, trainer: Any, exception: ProcessExitedException) -> None:
-        """In ``ddp_spawn``'s launching process, end with a stopped rank's exit code after Lightning's teardown,
-        instead of torch's traceback and 1."""
+        if not isinstance(exception, ProcessExitedException) or self._steps_aside(trainer):
+            return
+        # ddp_spawn's launching process: end with a stopped rank's exit code after Lightning's teardown, instead of
+        # torch's traceback and 1
         code = exception.exit_code
         requeue = internals.requeue_signal(trainer, self.lightning.slurm_environment)
         signals = stop_signals(self.settings.signal_numbers, requeue, internals.routed_signals(requeue))
@@ -240,11 +222,9 @@ class TrainerStop(Integration):
             internals.mark_stopped(trainer, integration.ignored_after_stop)
             agreed = f"ddp_sigterm: {integration.stop_cause} received, every rank stops at step {step}"
             if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
-                saved = at_stop.save_checkpoint(trainer, coordinator, self.trainer_settings, step,
-                                                self.lightning.distribution)
-                agreed += f"; checkpoint saved to {saved}"
+                agreed += f"; checkpoint saved to {self._save_checkpoint(trainer, coordinator, step)}"
             if integration.requeue_signal is not None:  # SLURM, auto-requeue on
-                requeued = at_stop.requeue(trainer, coordinator, decision, integration.requeue_signal, step)
+                requeued = _requeue(trainer, coordinator, decision, integration.requeue_signal, step)
                 agreed += f"; SLURM job {requeued}" if requeued else ""
             self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         finally:
@@ -255,12 +235,55 @@ class TrainerStop(Integration):
         exception.stop = decision  # type: ignore[attr-defined]  # what every rank agreed, for the curious
         raise exception
 
+    def _save_checkpoint(self, trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
+        """Every rank saves ``hpc_ckpt_<N>.ckpt`` in unison (a failure anywhere raises ``StopError`` everywhere);
+        rank 0 then keeps the newest ``keep_checkpoints``, warns for a loader with no position, returns the path."""
+        directory = stop_checkpoints.directory(trainer, self.trainer_settings)
+        path, dump = internals.hpc_checkpoint(trainer, directory)  # only rank 0's path is used: it renames
+
+        def write(partial: str) -> None:
+            checkpoint = dump()
+            runs = logger_runs.record(trainer.loggers, self.lightning.distribution)
+            checkpoint[stop_checkpoints.KEY] = {"logger_runs": runs}
+            if trainer.is_global_zero:  # the rank that writes what is not tensors (sharded checkpoints too)
+                checkpoint[stop_checkpoints.KEY][loader_positions.KEY] = loader_positions.record(trainer)
+            trainer.strategy.save_checkpoint(checkpoint, partial)
+
+        saved = save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
+        if trainer.is_global_zero:
+            stop_checkpoints.keep_newest(directory, self.trainer_settings.keep_checkpoints)
+            positionless = _positionless(trainer.train_dataloader)
+            if positionless:
+                logger.warning("ddp_sigterm: the training DataLoader's position in its epoch is not saved (%s has no "
+                               "state_dict): the resumed run starts this epoch over and trains again on its batches "
+                               "so far. torchdata's StatefulDataLoader, a drop-in replacement, is saved and restored "
+                               "(docs/trainer.md)", ", ".join(positionless))
+        return saved
+
 
 def _before_run(trainer: Any, stage: str, path: Any) -> None:
-    """After the Trainer chose the checkpoint ``path``, before the run makes the loggers' runs."""
+    """After the Trainer chose the checkpoint ``path``, before the run makes the loggers' runs: a fit resumed from a
+    stop gives each logger the run recorded; a failure is a warning. Global rank 0 only, known from node and local
+    rank (``ddp_spawn`` sets the global rank in ``_run``)."""
     stop = acting(trainer.callbacks, TrainerStop)
-    if stage == "fit" and stop is not None and stop.settings.enabled and stop.trainer_settings.resume_logger_runs:
-        stop._give_logger_runs_back(trainer, path)
+    if stage != "fit" or stop is None or not stop.settings.enabled or not stop.trainer_settings.resume_logger_runs \
+            or trainer.node_rank != 0 or trainer.local_rank != 0:
+        return
+    if path is None and stop._resumes_when_not_told() and stop._supported(trainer):  # what setup's resume chooses
+        path = stop_checkpoints.newest(stop_checkpoints.directory(trainer, stop.trainer_settings))
+    if not stop_checkpoints.is_one(path):
+        return
+    try:
+        runs = logger_runs.recorded(str(path))
+        given, kept = logger_runs.give_back(trainer.loggers, runs, stop.lightning.distribution)
+    except Exception as error:  # Lightning's own load of the same file then says what is wrong, if anything
+        warnings.warn(f"ddp_sigterm: the loggers start new runs: their runs could not be given back from {path} "
+                      f"({type(error).__name__}: {error})", stacklevel=2)
+        return
+    for message in kept:
+        warnings.warn(message, stacklevel=2)
+    if given:
+        stop.lightning.rank_zero_info(f"ddp_sigterm: the loggers continue the stop's runs: {', '.join(given)}")
 
 
 def _same_world(world_size: int) -> bool:
@@ -271,3 +294,41 @@ def _same_world(world_size: int) -> bool:
     warnings.warn(f"ddp_sigterm: the Trainer runs on {world_size} processes but the default process group has "
                   f"{found}: the stop agreement is switched off for this Trainer", stacklevel=2)
     return False
+
+
+def _positionless(iterables: Any) -> list[str]:
+    """The class names of the loaders in ``iterables`` (nested in lists, tuples, dicts) with no position to save."""
+    if isinstance(iterables, dict):
+        iterables = list(iterables.values())
+    if isinstance(iterables, (list, tuple)):
+        return [name for value in iterables for name in _positionless(value)]
+    return [] if iterables is None or epoch_order.has_state(iterables) else [type(iterables).__name__]
+
+
+def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision, requeue_signal: int,
+             step: int) -> str | None:
+    """Global rank 0 runs ``scontrol requeue`` if the stop is the requeue signal's or SLURM is preempting the job
+    (if ``scontrol`` cannot tell, it warns and does not); returns ``"<job id> requeued: <why>"`` there if it did."""
+
+    def requeue_on_rank_0() -> str | None:
+        if not trainer.is_global_zero:
+            return None
+        if decision.requeue:
+            why = f"{coordinator.integration.stop_cause} came" if decision.notice else \
+                f"{signal.Signals(requeue_signal).name} is its requeue signal"
+        else:
+            try:
+                preempt_time = slurm.preempted()
+            except slurm.RequeueError as error:
+                warnings.warn(f"{error}; cannot tell whether SLURM is preempting the job: it is not requeued",
+                              stacklevel=2)
+                return None
+            if preempt_time is None:
+                return None
+            why = f"SLURM is preempting it (PreemptTime={preempt_time})"
+        requeued = f"{slurm.requeue()} requeued: {why}"
+        logger.info("rank %d of %d: SLURM job %s", trainer.global_rank, trainer.world_size, requeued)
+        return requeued
+
+    with coordinator.integration.waiting_for("`scontrol show job` / `scontrol requeue` (global rank 0)"):
+        return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)

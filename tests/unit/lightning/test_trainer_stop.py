@@ -6,7 +6,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from ddp_sigterm._lightning.at_stop import _positionless
+from ddp_sigterm._lightning.trainer_stop import _positionless
 
 
 class Positioned:
