@@ -1,2 +1,1 @@
-"""What the Lightning integrations (the Trainer callback, Fabric) share, and every private name of Lightning the
-package reaches (``internals``)."""
+"""The Lightning integrations (the Trainer callback, Fabric's) and every private name of Lightning they reach."""

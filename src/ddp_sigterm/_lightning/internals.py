@@ -128,7 +128,7 @@ def warn_once(message: str) -> None:
 
 # -- the Trainer -------------------------------------------------------------------------------------
 def requeue_signal(trainer: Any, slurm_environment: type[Any]) -> int | None:
-    """SLURM's requeue signal if the Trainer runs under SLURM with auto-requeue on, else None."""
+    """SLURM's requeue signal under SLURM with auto-requeue on, else None."""
     environment = trainer._accelerator_connector.cluster_environment
     if isinstance(environment, slurm_environment) and environment.auto_requeue:
         return int(environment.requeue_signal)
@@ -140,8 +140,7 @@ def routed_signals(requeue: int | None) -> tuple[int, ...]:
 
 
 def take_signal_handlers(trainer: Any, record: Callable[[int, Any], Any], distribution: str) -> None:
-    """Route the Trainer's SIGTERM and SLURM requeue signal to ``record`` (Lightning still registers, chains and
-    restores the handlers); switch off rank 0's per-batch broadcast (2.5.2+)."""
+    """Route the Trainer's SIGTERM and requeue signal to ``record``; switch off rank 0's per-batch broadcast."""
     connector = trainer._signal_connector
     connector._sigterm_notifier_fn = record
     connector._slurm_sigusr_handler_fn = record
@@ -159,8 +158,7 @@ def restore_trainer(trainer: Any) -> None:
 
 
 def resume_when_not_told(trainer: Any, choose: Callable[[], str | None]) -> None:
-    """Make a ``fit`` started without ``ckpt_path`` (nor one Lightning found) load ``choose()``'s checkpoint, if
-    any. Every rank calls ``choose`` at the same point, the restore of ``fit``."""
+    """Make a ``fit`` started without ``ckpt_path`` load ``choose()``'s checkpoint, if any (every rank calls it)."""
     connector = trainer._checkpoint_connector
     lightnings = type(connector).resume_start.__get__(connector)
 
@@ -197,19 +195,16 @@ class CheckpointChoice:
 
 
 def before_run(trainer: Any, then: Callable[[Any, str, Any], None]) -> None:
-    """Make ``then`` run at every choice of ``trainer``'s checkpoint (see :class:`CheckpointChoice`), once."""
+    """Make ``then`` run at every choice of ``trainer``'s checkpoint (:class:`CheckpointChoice`)."""
     connector = trainer._checkpoint_connector
     if not isinstance(connector.__dict__.get("_select_ckpt_path"), CheckpointChoice):
         connector._select_ckpt_path = CheckpointChoice(connector, then)
 
 
 def mark_stopped(trainer: Any, ignore: Iterable[int]) -> None:
-    """At the agreed stop: set Lightning's flag, as its handler would, and make the handlers it restores at teardown
-    SIG_IGN for ``ignore``, so that a late signal cannot change the exit code."""
+    """Set Lightning's flag, as its handler would; SIG_IGN for ``ignore`` at teardown: a late signal changes nothing."""
     originals = trainer._signal_connector._original_handlers
-    for signum in ignore:
-        if signum in originals:
-            originals[signum] = signal.SIG_IGN
+    originals.update({signum: signal.SIG_IGN for signum in ignore if signum in originals})
     trainer._signal_connector.received_sigterm = True
 
 
@@ -265,8 +260,7 @@ def batches_this_epoch(trainer: Any) -> int:
 
 
 def set_epoch_length(trainer: Any, batches: int | float, limits: list[int | float] | None = None) -> EpochLength:
-    """Make the fit's current epoch ``batches`` long (``limits``: the loaders' own, default ``batches`` each), which
-    Lightning reads once, at the loaders' set-up; returns what it replaced."""
+    """Make the fit's current epoch ``batches`` long (each loader's limit: ``limits``); returns what it replaced."""
     fit_loop = trainer.fit_loop
     loaders = fit_loop._combined_loader
     before = fit_loop.max_batches, None if loaders is None else loaders.limits
@@ -286,9 +280,8 @@ def wrapped_sampler(sampler: Any) -> Any | None:
 
 
 def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]], start_over: Iterable[Any] = ()) -> bool:
-    """At the start of a resumed fit, set the samplers' epoch, then give the training loaders (but ``start_over``)
-    their saved ``positions``, which Lightning gives back before the epoch is set or drops (#20550); the iterator
-    must then be made again (:func:`remake_iterator`). True if it gave any back."""
+    """Set the samplers' epoch, then give the loaders (but ``start_over``) their ``positions``, which Lightning gives
+    back too early or drops (#20550); True if it gave any (then :func:`remake_iterator`)."""
     fit_loop = trainer.fit_loop
     loaders = training_loaders(trainer)
     stateful = [loader for loader in loaders if epoch_order.has_state(loader)]  # those the fit loop saved, in order
@@ -373,8 +366,7 @@ def fabric_callbacks(fabric: Any) -> list[Any]:
 
 
 def retire_child_watch(decision: object = None) -> None:
-    """End Lightning's child-process watch, if any, at its next wake: it would answer the ranks' exit 128 + signal
-    by SIGKILLing rank 0 (docs/how-it-works.md, section 4)."""
+    """End Lightning's child-process watch at its next wake: it would SIGKILL rank 0 for the ranks' 128 + signal."""
     for thread in threading.enumerate():
         if type(thread).__name__ == CHILD_WATCH:
             thread._run = lambda: True  # type: ignore[attr-defined]  # the watch's loop takes True as "finished"

@@ -1,9 +1,6 @@
-"""The training data's place in its epoch across a stop, for a resume on the same or another number of ranks.
-
-Lightning's loader position is exact only where the sampler deals the same order again on as many ranks, so the stop
-also records each loader's epoch order, what of it was trained, and the wrapped sampler's generator; a resume deals
-the rest of that epoch, or says once why the epoch starts over (docs/trainer.md).
-"""
+"""The training data's place in its epoch across a stop, for a resume on the same or another number of ranks:
+where Lightning's loader position is not exact (a wrapped sampler, other ranks), the recorded epoch order's rest is
+dealt, or the epoch starts over, said once (docs/trainer.md)."""
 
 from __future__ import annotations
 
@@ -35,8 +32,7 @@ class Resumed:
 
 
 def record(trainer: Any) -> dict[str, Any]:
-    """What the stop checkpoint records of the training data's place; where it cannot (an error included, logged:
-    the save goes on), why not, for a resume on other ranks to say."""
+    """The training data's place, or why not (an error too, logged: the save goes on), for a resume to say."""
     loaders = internals.training_loaders(trainer)
     entries = []
     for loader in loaders:
@@ -66,8 +62,8 @@ def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
 
 
 def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
-    """Before the loaders of a fit resumed from a stop get their positions back: deal the rest of the stopped epoch
-    that ``recorded`` where those would not give it (a wrapped sampler, another number of ranks), or start it over."""
+    """Before the resumed fit's loaders get their positions back: deal the rest of the epoch ``recorded`` where
+    those would not give it, or start it over."""
     loaders = internals.training_loaders(trainer)
     resumed = Resumed()
     if recorded is None or not loaders:
@@ -112,8 +108,7 @@ def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
 
 
 def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Resumed) -> str | None:
-    """Have ``loader`` deal this rank's share of the rest of the recorded epoch, the wrapped sampler given its
-    generator back; returns why it cannot, or None."""
+    """Have ``loader`` deal this rank's share of the rest of the epoch; returns why it cannot, or None."""
     position = EpochPosition.from_dict(entry["position"])
     if position.epoch != internals.epoch_now(trainer) or position.trained == len(position.order):
         return None  # the stopped epoch was over

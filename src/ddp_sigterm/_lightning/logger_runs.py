@@ -1,6 +1,4 @@
-"""The loggers' runs across a stop: the stop checkpoint records each logger's run and a fit resumed from it gives
-each its run back, so that one training is one TensorBoard or CSV version, one W&B run, one MLflow run
-(docs/trainer.md)."""
+"""The loggers' runs across a stop, so that one training is one TensorBoard or CSV version, W&B or MLflow run."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def record(loggers: list[Any], distribution: str) -> Runs:
 
 
 def recorded(path: str) -> Runs:
-    """The runs the stop checkpoint at ``path`` recorded (empty for an older one). A local file is memory-mapped:
-    only its small part that is not tensors is read."""
+    """The runs recorded in the stop checkpoint at ``path``, read without its tensors (memory-mapped if local)."""
     fs, where = url_to_fs(path)
     if fs.isdir(where):  # a sharded checkpoint (FSDP's): its part that is not tensors
         where = f"{where.rstrip('/')}/meta.pt"
@@ -42,8 +39,7 @@ def recorded(path: str) -> Runs:
 
 
 def give_back(loggers: list[Any], runs: Runs, distribution: str) -> tuple[list[str], list[str]]:
-    """Give each of ``loggers`` of the same class the run at its place in ``runs``, unless it has another already;
-    returns what was given back and a warning for each logger that keeps another run."""
+    """Give each logger its recorded run unless it has another; returns what was given and the warnings."""
     given, kept = [], []
     for logger, saved in zip(loggers, runs):
         kind = logger_kind(logger)

@@ -14,8 +14,7 @@ _NOTICE_FIELDS = {field.name for field in dataclasses.fields(NoticeSettings)}
 
 
 class Integration:
-    """The core's ``settings``, the notice watch's, and whether an entry point added it; keyword overrides go to
-    the component whose field they name."""
+    """The core's and the notice watch's settings (each keyword goes where its field is), and who added it."""
 
     def __init__(self, settings: Settings | None = None, **overrides: Any) -> None:
         if settings is not None and overrides:

@@ -10,8 +10,7 @@ from ddp_sigterm._core.settings import SettingsError, check_bools, read_from_env
 @read_from_environment
 @dataclasses.dataclass(frozen=True)
 class TrainerSettings:
-    """What the Trainer callback does around the stop; ``DDP_SIGTERM_<FIELD>`` overrides each field
-    (docs/configuration.md)."""
+    """What the Trainer callback does around the stop; ``DDP_SIGTERM_<FIELD>`` overrides each field."""
 
     save_checkpoint: bool = True
     """Save ``hpc_ckpt_<N>.ckpt`` at an agreed stop during ``fit``."""

@@ -1,5 +1,4 @@
-"""The Trainer's stop checkpoints: where they go, which one a relaunch resumes from, how many stay. They keep
-Lightning's name, ``hpc_ckpt_<N>.ckpt``, so that ``ckpt_path="hpc"`` and its resume under SLURM find them."""
+"""The Trainer's stop checkpoints, ``hpc_ckpt_<N>.ckpt`` as Lightning names them: where, the newest, how many stay."""
 
 from __future__ import annotations
 

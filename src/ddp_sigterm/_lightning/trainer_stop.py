@@ -1,8 +1,6 @@
-"""The Trainer callback, shared by both Lightning distributions: every rank stops at the same step, saves
-``hpc_ckpt_<N>.ckpt``, requeues under SLURM and raises ``SIGTERMException(128 + signal)``; a fit resumed from a stop
-checkpoint gets its loaders' positions and loggers' runs back. docs/how-it-works.md and docs/trainer.md have the
-account; every private name of Lightning it reaches is in :mod:`internals`.
-"""
+"""The Trainer callback of both Lightning distributions: every rank stops at the same step, saves
+``hpc_ckpt_<N>.ckpt``, requeues under SLURM and raises ``SIGTERMException(128 + signal)``; a resumed fit gets its
+loaders' positions and loggers' runs back (docs/trainer.md)."""
 
 from __future__ import annotations
 
@@ -53,9 +51,8 @@ class TrainerStop(Integration):
         super().__init__(settings, **overrides)
         self.trainer_settings = resolve(TrainerSettings, **own)
         self._coordinator: StopCoordinator | None = None
-        self._trainer: Any | None = None
-        self._loader_positions: list[dict[str, Any]] = []  # from the checkpoint a fit resumes from
-        self._data_position: dict[str, Any] | None = None  # what the stop checkpoint it resumes from recorded
+        # from the checkpoint a fit resumes from: the loaders' positions Lightning saved, the data's place we recorded
+        self._loaded: tuple[list[dict[str, Any]], dict[str, Any] | None] = ([], None)
         self._epoch_lengths: tuple[Any, Any] | None = None  # the fit's own, while the package deals an epoch
 
     def _steps_aside(self, trainer: Any) -> bool:
@@ -80,7 +77,7 @@ class TrainerStop(Integration):
         coordinator.start(install_handlers=False)
         if not coordinator.integration.acting:  # no groups (it warned): the Trainer is left to stock Lightning
             return
-        self._coordinator, self._trainer = coordinator, trainer
+        self._coordinator = coordinator
         internals.take_signal_handlers(trainer, coordinator.integration.record, self.lightning.distribution)
         if stage == "fit" and self._resumes_when_not_told():
             settings = self.trainer_settings
@@ -118,20 +115,18 @@ class TrainerStop(Integration):
             internals.warn_once(untested)
         return True
 
-    def _close(self) -> None:
-        coordinator, trainer = self._coordinator, self._trainer
-        self._coordinator = self._trainer = None
-        if trainer is not None:
-            internals.restore_trainer(trainer)
+    def _close(self, trainer: Any) -> None:
+        coordinator, self._coordinator = self._coordinator, None
         if coordinator is not None:
+            internals.restore_trainer(trainer)
             # a signal after the run's last agreement is kept, as stock Lightning's handler keeps it
             coordinator.close(redeliver=False)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        self._close()
+        self._close(trainer)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close()
+        self._close(trainer)
         if not isinstance(exception, ProcessExitedException) or self._steps_aside(trainer):
             return
         # ddp_spawn's launching process: end with a stopped rank's exit code after Lightning's teardown, instead of
@@ -159,8 +154,7 @@ class TrainerStop(Integration):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._stage_start(trainer, pl_module)
         # only a resume from a stop checkpoint gets its loaders' positions, and where needed the rest of the epoch
-        positions, self._loader_positions = self._loader_positions, []
-        recorded, self._data_position = self._data_position, None
+        (positions, recorded), self._loaded = self._loaded, ([], None)
         self._epoch_lengths = None
         if self._coordinator is None or not stop_checkpoints.is_one(trainer.ckpt_path):
             return
@@ -181,8 +175,8 @@ class TrainerStop(Integration):
             internals.set_epoch_length(trainer, *lengths)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        self._loader_positions = internals.saved_loader_positions(checkpoint)
-        self._data_position = checkpoint.get(stop_checkpoints.KEY, {}).get(loader_positions.KEY)
+        recorded = checkpoint.get(stop_checkpoints.KEY, {}).get(loader_positions.KEY)
+        self._loaded = (internals.saved_loader_positions(checkpoint), recorded)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.
@@ -211,8 +205,7 @@ class TrainerStop(Integration):
             self._at_end(trainer, pl_module)
 
     def _stop_if(self, trainer: Any, stops: Callable[[StopCoordinator, int], bool]) -> None:
-        """If ``stops``, one of the coordinator's questions asked on every rank at the same point, says stop: save the
-        stop checkpoint, requeue under SLURM, raise ``SIGTERMException(128 + signal)``."""
+        """If ``stops`` (asked on every rank at the same point): save, requeue, raise ``SIGTERMException``."""
         coordinator = self._coordinator
         step = trainer.global_step
         if coordinator is None or not stops(coordinator, step) or (decision := coordinator.decision) is None:
@@ -230,14 +223,13 @@ class TrainerStop(Integration):
         finally:
             # closed here on every rank, whatever the save did: a ddp_spawn rank gets no on_exception, and a heartbeat
             # still beating while the interpreter finalizes aborts it (docs/reliability.md)
-            self._close()
+            self._close(trainer)
         exception = self.lightning.sigterm_exception(decision.exit_code)
         exception.stop = decision  # type: ignore[attr-defined]  # what every rank agreed, for the curious
         raise exception
 
     def _save_checkpoint(self, trainer: Any, coordinator: StopCoordinator, step: int) -> str | None:
-        """Every rank saves ``hpc_ckpt_<N>.ckpt`` in unison (a failure anywhere raises ``StopError`` everywhere);
-        rank 0 then keeps the newest ``keep_checkpoints``, warns for a loader with no position, returns the path."""
+        """Every rank saves ``hpc_ckpt_<N>.ckpt`` in unison; rank 0 keeps the newest ones and returns the path."""
         directory = stop_checkpoints.directory(trainer, self.trainer_settings)
         path, dump = internals.hpc_checkpoint(trainer, directory)  # only rank 0's path is used: it renames
 
@@ -262,9 +254,8 @@ class TrainerStop(Integration):
 
 
 def _before_run(trainer: Any, stage: str, path: Any) -> None:
-    """After the Trainer chose the checkpoint ``path``, before the run makes the loggers' runs: a fit resumed from a
-    stop gives each logger the run recorded; a failure is a warning. Global rank 0 only, known from node and local
-    rank (``ddp_spawn`` sets the global rank in ``_run``)."""
+    """After the Trainer chose ``path``, before it makes the loggers' runs: a fit resumed from a stop gives each
+    logger its run back (a failure warns). Global rank 0 only: ``ddp_spawn`` sets ``global_rank`` later."""
     stop = acting(trainer.callbacks, TrainerStop)
     if stage != "fit" or stop is None or not stop.settings.enabled or not stop.trainer_settings.resume_logger_runs \
             or trainer.node_rank != 0 or trainer.local_rank != 0:
@@ -307,8 +298,8 @@ def _positionless(iterables: Any) -> list[str]:
 
 def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision, requeue_signal: int,
              step: int) -> str | None:
-    """Global rank 0 runs ``scontrol requeue`` if the stop is the requeue signal's or SLURM is preempting the job
-    (if ``scontrol`` cannot tell, it warns and does not); returns ``"<job id> requeued: <why>"`` there if it did."""
+    """Global rank 0 requeues the job if the stop is the requeue signal's or SLURM is preempting it; returns
+    ``"<job id> requeued: <why>"`` there if it did."""
 
     def requeue_on_rank_0() -> str | None:
         if not trainer.is_global_zero:
