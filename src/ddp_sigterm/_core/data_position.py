@@ -1,6 +1,4 @@
-"""A training loader's place in its epoch across a stop and a resume, for a loop of one's own (Fabric,
-torch.distributed): what the Trainer gets by itself, as an object for the checkpoint (docs/fabric.md).
-"""
+"""A training loader's place in its epoch across a stop, for a loop of one's own (Fabric, torch.distributed)."""
 
 from __future__ import annotations
 
@@ -15,9 +13,8 @@ from ddp_sigterm._core.log import logger
 
 
 class DataPosition:
-    """Where ``loader`` stands in its epoch: put it in the checkpoint's state in the loader's place and iterate
-    each epoch through :meth:`epoch`. Loaded, the stopped epoch goes on where it stopped, on as many ranks or
-    another number; where it cannot, global rank 0 says why and the epoch starts over."""
+    """Where ``loader`` stands in its epoch: checkpoint it in the loader's place and iterate through :meth:`epoch`.
+    Loaded, the stopped epoch goes on, on any number of ranks; where it cannot, rank 0 says why and it starts over."""
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader

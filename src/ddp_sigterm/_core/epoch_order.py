@@ -1,9 +1,6 @@
-"""Where a stop left the training data in its epoch, and the rest of that epoch on any number of ranks.
-
-A distributed sampler deals place ``i`` of an epoch's global order to rank ``i % W`` and every rank stops at the same
-batch, so what was trained is a prefix of that order: :class:`EpochPosition` records both, :class:`RestOfEpoch` deals
-the rest (docs/trainer.md). Pure: torch only, no process group.
-"""
+"""Where a stop left the training data in its epoch, and the rest of that epoch on any number of ranks. A sampler
+deals place ``i`` of the epoch's order to rank ``i % W`` and every rank stops at the same batch, so what was trained
+is a prefix: :class:`EpochPosition` records both, :class:`RestOfEpoch` deals the rest. Pure: torch only."""
 
 from __future__ import annotations
 
@@ -35,9 +32,8 @@ class EpochPosition:
                              f"consumed {self.consumed}")
 
     def rest(self, world_size: int, multiple: int = 1) -> list[int]:
-        """The global order of the rest of the epoch on ``world_size`` ranks: the stopped run's own on as many;
-        on another number, each sample not trained yet, once, padded as DistributedSampler pads to a multiple of
-        ``world_size × multiple`` (``multiple``: a batch, where the loader drops a last partial one)."""
+        """The rest's global order on ``world_size`` ranks: on another number, each sample not trained yet, once,
+        padded as DistributedSampler pads, to a multiple of ``world_size × multiple`` (a batch, with drop_last)."""
         if world_size == self.world_size:
             return self.order[self.trained:]
         trained = set(self.order[:self.trained])
@@ -49,7 +45,7 @@ class EpochPosition:
 
     def continued(self, rest: list[int], world_size: int, batch_size: int, consumed: int) -> EpochPosition:
         """The position once the epoch went on as ``rest`` on ``world_size`` ranks, each having given out
-        ``consumed`` samples (``self.consumed`` of them before the stop)."""
+        ``consumed`` samples in all."""
         per_rank = consumed - self.consumed
         return EpochPosition(self.epoch, world_size, batch_size, consumed, self.trained + world_size * per_rank,
                              self.order[:self.trained] + rest)
@@ -64,8 +60,8 @@ class EpochPosition:
 
 
 def global_order(sampler: DistributedSampler[Any], place: Callable[[int], int] | None = None) -> list[int]:
-    """The global order ``sampler`` deals out for its current epoch, read with torch's own iteration for one rank
-    that takes every place. ``place`` maps a place to a sample (Lightning's DistributedSamplerWrapper)."""
+    """The order ``sampler`` deals for its epoch, by torch's iteration for one rank; ``place`` maps a place to a
+    sample (Lightning's DistributedSamplerWrapper)."""
     whole = copy.copy(sampler)
     whole.num_replicas, whole.rank, whole.num_samples = 1, 0, sampler.total_size
     places = list(DistributedSampler.__iter__(whole))
@@ -115,8 +111,8 @@ def own_sampler(batch_sampler: Any) -> Any:
 
 
 def deal(batch_sampler: Any, position: EpochPosition, skipped: int) -> RestOfEpoch:
-    """Have ``batch_sampler`` (over a DistributedSampler) deal this rank's share of the rest of ``position``'s
-    epoch, after ``skipped`` samples the loader's restored position passes over."""
+    """Have ``batch_sampler`` deal this rank's share of the rest of the epoch, after the ``skipped`` samples that
+    the loader's restored position passes over."""
     own = batch_sampler.sampler
     world, rank = own.num_replicas, own.rank
     rest = position.rest(world, batch_sampler.batch_size if getattr(batch_sampler, "drop_last", False) else 1)
@@ -127,13 +123,11 @@ def deal(batch_sampler: Any, position: EpochPosition, skipped: int) -> RestOfEpo
 
 
 def start_over_message(epoch: int, before: int, now: int, why: str) -> str:
-    """What rank 0 says, once, when a stopped epoch starts over on another number of ranks."""
     return (f"ddp_sigterm: the training loader's place in epoch {epoch} cannot be carried from {before} ranks to "
             f"{now} ({why}): the epoch starts over")
 
 
 def dealt_message(dealing: RestOfEpoch) -> str:
-    """What rank 0 says, once, when the rest of a stopped epoch is dealt over another number of ranks."""
     rest, size = dealing.rest, dealing.batch_sampler.batch_size
     left, share = len(set(rest)), len(dealing.indices) - dealing.skipped
     return (f"ddp_sigterm: the rest of epoch {dealing.epoch}, {left} samples not trained yet, is dealt out over the "
@@ -142,8 +136,8 @@ def dealt_message(dealing: RestOfEpoch) -> str:
 
 
 class RestOfEpoch(Sampler[int]):
-    """Stands in for a loader's sampler for the rest of one epoch: ``skipped`` samples first (which the loader's
-    restored position passes over), then this rank's share; the next epoch's ``set_epoch`` puts the own one back."""
+    """A loader's sampler for the rest of one epoch: ``skipped`` samples, then this rank's share; the next epoch's
+    ``set_epoch`` puts the own one back."""
 
     def __init__(self, batch_sampler: Any, epoch: int, skipped: list[int], share: list[int],
                  position: EpochPosition, rest: list[int]) -> None:

@@ -279,7 +279,7 @@ def wrapped_sampler(sampler: Any) -> Any | None:
     return sampler.dataset._sampler if any(is_sampler_wrapper(cls) for cls in type(sampler).__mro__) else None
 
 
-def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]], start_over: Iterable[Any] = ()) -> bool:
+def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]], start_over: Iterable[Any]) -> bool:
     """Set the samplers' epoch, then give the loaders (but ``start_over``) their ``positions``, which Lightning gives
     back too early or drops (#20550); True if it gave any (then :func:`remake_iterator`)."""
     fit_loop = trainer.fit_loop
@@ -333,7 +333,6 @@ def logger_made(logger: Any, kind: str) -> bool:
 
 
 def give_logger_run(logger: Any, kind: str, run: Any) -> None:
-    """Make ``logger``, whose run is not fixed yet, write to ``run``."""
     setattr(logger, _RUN_NAMES[kind], run)
     if kind == "WandbLogger":
         logger._wandb_init.update(id=run, resume="allow")

@@ -23,8 +23,6 @@ per loader ``{"why"}`` or ``{"position", "samples", "own_order", "generator"}`` 
 
 @dataclasses.dataclass
 class Resumed:
-    """What :func:`resume` did."""
-
     changed: bool = False  # a loader changed: the fit's iterator must be made again
     said: list[str] = dataclasses.field(default_factory=list)  # what rank 0 says, once
     lengths: EpochLength | None = None  # the fit's own, for after the dealt epoch
@@ -90,7 +88,6 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
 
 
 def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
-    """Why the rest of the stopped epoch cannot be dealt over this fit's ranks, or None."""
     sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
     if not epoch_order.has_state(loader):
         return _no_state(loader)

@@ -16,7 +16,6 @@ _NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 
 
 def is_one(path: object) -> bool:
-    """Whether ``path`` (a path or URL, or None) names a stop checkpoint."""
     return path is not None and _NAME.fullmatch(str(path).rstrip("/").rsplit("/", 1)[-1]) is not None
 
 
