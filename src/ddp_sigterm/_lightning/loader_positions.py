@@ -16,9 +16,7 @@ from ddp_sigterm._core.log import logger
 from ddp_sigterm._lightning import internals
 from ddp_sigterm._lightning.internals import EpochLength
 
-KEY = "data_position"
-"""Its entry in the stop checkpoint's own (``stop_checkpoints.KEY``): ``{"world_size", "batch_size", "loaders"}``,
-per loader ``{"why"}`` or ``{"position", "samples", "own_order", "generator"}`` (see :func:`record`)."""
+KEY = "data_position"  # in the stop checkpoint's own entry (stop_checkpoints.KEY): what :func:`record` returns
 
 
 @dataclasses.dataclass
@@ -79,7 +77,7 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
         if known and entry["own_order"] and isinstance(sampler, DistributedSampler) \
                 and sampler.num_replicas == entry["position"]["world_size"]:
             continue  # the loader's own position gives the rest of the epoch back
-        why = _why_not(loader, entry) or _deal_the_rest(trainer, loader, entry, resumed)
+        why = _deal_the_rest(trainer, loader, entry, resumed)
         if why is not None:
             resumed.start_over.append(loader)  # not given its position: the epoch's first batch next
             resumed.changed = True
@@ -87,7 +85,8 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
     return resumed
 
 
-def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
+def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any] | None, resumed: Resumed) -> str | None:
+    """Have ``loader`` deal this rank's share of the rest of the epoch; returns why it cannot, or None."""
     sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", None)
     if not epoch_order.has_state(loader):
         return _no_state(loader)
@@ -101,29 +100,23 @@ def _why_not(loader: Any, entry: dict[str, Any] | None) -> str | None:
         return f"its sampler, {type(sampler).__name__}, keeps a position of its own"
     if len(loader.dataset) != entry["samples"]:
         return f"its dataset has {len(loader.dataset)} samples, {entry['samples']} at the stop"
-    return None
-
-
-def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any], resumed: Resumed) -> str | None:
-    """Have ``loader`` deal this rank's share of the rest of the epoch; returns why it cannot, or None."""
     position = EpochPosition.from_dict(entry["position"])
     if position.epoch != internals.epoch_now(trainer) or position.trained == len(position.order):
         return None  # the stopped epoch was over
-    batch_sampler = loader.batch_sampler
-    own, own_length = batch_sampler.sampler, len(batch_sampler)
+    batch_sampler, own_length = loader.batch_sampler, len(loader.batch_sampler)
     # the loader's own restored position passes over as many samples as it had given out at the stop
     dealing = epoch_order.deal(batch_sampler, position, position.consumed)
     batches = len(batch_sampler)
     if batches != own_length:
         if trainer.limit_train_batches != 1.0:
-            batch_sampler.sampler = own
+            batch_sampler.sampler = sampler
             return f"limit_train_batches={trainer.limit_train_batches} cuts an epoch of another length"
         resumed.lengths = internals.set_epoch_length(trainer, batches)
-    generator = getattr(internals.wrapped_sampler(own), "generator", None)
+    generator = getattr(internals.wrapped_sampler(sampler), "generator", None)
     if entry["generator"] is not None and isinstance(generator, torch.Generator):
         generator.set_state(entry["generator"])  # its next draw is the next epoch's, as in the run that stopped
     resumed.changed = True
-    if own.num_replicas != position.world_size:
+    if sampler.num_replicas != position.world_size:
         resumed.said.append(epoch_order.dealt_message(dealing))
     return None
 

@@ -9,7 +9,6 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from ddp_sigterm._lightning import internals, stop_checkpoints
-from ddp_sigterm._lightning.internals import give_logger_run, logger_kind, logger_made, logger_run
 
 Runs = list[dict[str, Any] | None]
 
@@ -18,8 +17,8 @@ def record(loggers: list[Any], distribution: str) -> Runs:
     """Per logger ``{"logger": <class>, "run": <run>}``, or None where its run is not carried."""
     runs: Runs = []
     for logger in loggers:
-        kind = logger_kind(logger)
-        run = None if kind is None or _unreachable(logger, kind, distribution) else logger_run(logger, kind)
+        kind = internals.logger_kind(logger)
+        run = None if kind is None or _unreachable(logger, kind, distribution) else internals.logger_run(logger, kind)
         runs.append(None if run is None else {"logger": kind, "run": run})
     return runs
 
@@ -42,18 +41,19 @@ def give_back(loggers: list[Any], runs: Runs, distribution: str) -> tuple[list[s
     """Give each logger its recorded run unless it has another; returns what was given and the warnings."""
     given, kept = [], []
     for logger, saved in zip(loggers, runs):
-        kind = logger_kind(logger)
+        kind = internals.logger_kind(logger)
         if saved is None or kind is None or kind != saved["logger"] or _unreachable(logger, kind, distribution):
             continue
-        current, run = logger_run(logger, kind), saved["run"]
-        if current is None or (current == run and not logger_made(logger, kind)):
-            give_logger_run(logger, kind, run)  # (the stop's own version given in code: the CSV's rows)
-            given.append(f"{kind} {_name(kind)} {run}")
+        current, run = internals.logger_run(logger, kind), saved["run"]
+        name = "version" if kind in ("TensorBoardLogger", "CSVLogger") else "run"
+        if current is None or (current == run and not internals.logger_made(logger, kind)):
+            internals.give_logger_run(logger, kind, run)  # (the stop's own version given in code: the CSV's rows)
+            given.append(f"{kind} {name} {run}")
         elif current != run:
-            kept.append(f"ddp_sigterm: the {kind} is given {_name(kind)} {current} before the fit: the fit resumed "
-                        f"from a stop keeps it, and its curves start again there, not in the stop's {_name(kind)} "
-                        f"{run}. Leave the {_name(kind)} unset, and make no run before the fit, to continue the "
-                        "stop's run (DDP_SIGTERM_RESUME_LOGGER_RUNS=0 turns this off)")
+            kept.append(f"ddp_sigterm: the {kind} is given {name} {current} before the fit: the fit resumed from a "
+                        f"stop keeps it, and its curves start again there, not in the stop's {name} {run}. Leave the "
+                        f"{name} unset, and make no run before the fit, to continue the stop's run "
+                        "(DDP_SIGTERM_RESUME_LOGGER_RUNS=0 turns this off)")
     return given, kept
 
 
@@ -63,7 +63,3 @@ def _unreachable(logger: Any, kind: str, distribution: str) -> bool:
         internals.warn_once(f"ddp_sigterm: the {kind}'s run is not carried across a stop: it has no "
                             f"{'; no '.join(gone)}")
     return bool(gone)
-
-
-def _name(kind: str) -> str:
-    return "version" if kind in ("TensorBoardLogger", "CSVLogger") else "run"
