@@ -310,10 +310,8 @@ def remake_iterator(trainer: Any) -> None:
 # -- the loggers' runs ------------------------------------------------------------------------------
 def logger_kind(logger: Any) -> str | None:
     """The name of the class of :data:`LOGGERS` that ``logger`` is (or subclasses), None for any other logger."""
-    for cls in type(logger).__mro__:
-        if cls.__name__ in LOGGERS and cls.__module__.startswith(_LIGHTNING_PACKAGES):
-            return cls.__name__
-    return None
+    lightnings = (cls.__name__ for cls in type(logger).__mro__ if cls.__module__.startswith(_LIGHTNING_PACKAGES))
+    return next((name for name in lightnings if name in LOGGERS), None)
 
 
 def logger_run(logger: Any, kind: str) -> Any:

@@ -25,13 +25,9 @@ def saved(directory: str) -> list[str]:
     fs.invalidate_cache(root)  # another process (a previous attempt, another rank) wrote there
     if not fs.isdir(root):
         return []
-    found = []
-    for entry in fs.ls(root, detail=False):
-        name = entry.rstrip("/").rsplit("/", 1)[-1]
-        match = _NAME.fullmatch(name)
-        if match:
-            found.append((int(match.group(1)), f"{directory.rstrip('/')}/{name}"))
-    return [path for _, path in sorted(found)]
+    names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(root, detail=False)]
+    numbered = sorted((int(match.group(1)), name) for name in names if (match := _NAME.fullmatch(name)))
+    return [f"{directory.rstrip('/')}/{name}" for _, name in numbered]
 
 
 def newest(directory: str) -> str | None:
