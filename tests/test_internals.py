@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ddp_sigterm._core import runtime, torchelastic
-from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning import internals, resume_internals
 
 # distribution -> (its Trainer package, its Fabric package, the package's integration module)
 DISTRIBUTIONS = {
@@ -75,7 +75,7 @@ def test_every_logger_internal_the_package_reaches_is_there(distribution: str, t
         made = {"WandbLogger": lambda cls: cls(save_dir=str(tmp_path), offline=True),
                 "MLFlowLogger": lambda cls: cls(tracking_uri=f"file:{tmp_path}/mlruns")}.get(kind, lambda cls: cls(
                     str(tmp_path)))(getattr(loggers, kind))
-        assert internals.logger_kind(made) == kind
+        assert resume_internals.logger_kind(made) == kind
         assert not internals.missing(made, internals.LOGGERS[kind], distribution), kind
         checked.append(kind)
     csv_writer = loggers.CSVLogger(str(tmp_path)).experiment
@@ -106,8 +106,8 @@ def test_the_sampler_wrapper_whose_order_a_resume_deals_is_there(distribution: s
     inner = RandomSampler(range(10))
     wrapper = getattr(module, internals.SAMPLER_WRAPPER)(inner, num_replicas=2, rank=0)
     assert not internals.missing(wrapper, internals.WRAPPED, distribution)
-    assert internals.wrapped_sampler(wrapper) is inner
-    assert internals.wrapped_sampler(inner) is None
+    assert resume_internals.wrapped_sampler(wrapper) is inner
+    assert resume_internals.wrapped_sampler(inner) is None
     assert [wrapper.dataset[place] for place in range(10)] == wrapper.dataset._sampler_list, \
         "the wrapper's places index the order it drew from the wrapped sampler"
 

@@ -1,4 +1,5 @@
-"""Every private name of Lightning the package reaches, with the first release that has it, and its accessors.
+"""Every private name of Lightning the package reaches, with the first release that has it, and the Trainer's
+accessors (the loaders' and loggers' are in :mod:`resume_internals`).
 Setting an attribute never fails, so the callback checks these lists (:func:`missing`) before it changes anything and
 the canary, ``tests/test_internals.py``, names a missing one. Behaviour is gated on the version (:func:`at_least`),
 never on ``hasattr``; docs/how-it-works.md has the account.
@@ -6,10 +7,8 @@ never on ``hasattr``; docs/how-it-works.md has the account.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import importlib
-import io
 import operator
 import signal
 import sys
@@ -19,11 +18,8 @@ from collections.abc import Callable, Iterable
 from types import FrameType, ModuleType
 from typing import Any
 
-from fsspec.core import url_to_fs
 from lightning_utilities.core.imports import compare_version
 from packaging.version import Version
-
-from ddp_sigterm._core import epoch_order
 
 CHECKED = ("2.5.1", "2.5.2", "2.5.6", "2.6.0", "2.6.6")
 """The releases of ``lightning`` and ``pytorch_lightning`` checked (``make test-versions``); those between agree."""
@@ -78,8 +74,8 @@ WRAPPED = (Internal("dataset._sampler", "the sampler it wraps, whose generator a
 CHILD_WATCH = "_ChildProcessObserver"  # the thread by which Lightning's launcher SIGKILLs every rank after a failure
 LAUNCHER = (Internal(f"{CHILD_WATCH}._run", "the child-process watch of Lightning's launcher, retired at a stop"),)
 
-_LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
-_RUN_NAMES = {"TensorBoardLogger": "_version", "CSVLogger": "_version", "WandbLogger": "_id", "MLFlowLogger": "_run_id"}
+LIGHTNING_PACKAGES = ("lightning.", "pytorch_lightning.", "lightning_fabric.")
+RUN_NAMES = {"TensorBoardLogger": "_version", "CSVLogger": "_version", "WandbLogger": "_id", "MLFlowLogger": "_run_id"}
 EpochLength = tuple[int | float, list[int | float] | None]  # the fit loop's batches in an epoch, the loaders' limits
 _warned: set[str] = set()
 
@@ -237,119 +233,6 @@ def _no_broadcast() -> None:
 
 def _ignore(signum: int, frame: Any) -> None:
     """Replaces Lightning's SLURM SIGTERM handler, which only logs, from inside the signal handler."""
-
-
-# -- the training loaders ----------------------------------------------------------------------------
-def saved_loader_positions(checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-    """The positions the fit loop saved in ``checkpoint``, one per stateful training loader, in their order."""
-    return list(checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {}).get("combined_loader", []))
-
-
-def training_loaders(trainer: Any) -> list[Any]:
-    loaders = trainer.fit_loop._combined_loader
-    return [] if loaders is None else list(loaders.flattened)
-
-
-def epoch_now(trainer: Any) -> int:
-    return int(trainer.fit_loop.epoch_progress.current.processed)
-
-
-def batches_this_epoch(trainer: Any) -> int:
-    """At a batch end, that one included."""
-    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-
-
-def set_epoch_length(trainer: Any, batches: int | float, limits: list[int | float] | None = None) -> EpochLength:
-    """Make the fit's current epoch ``batches`` long (each loader's limit: ``limits``); returns what it replaced."""
-    fit_loop = trainer.fit_loop
-    loaders = fit_loop._combined_loader
-    before = fit_loop.max_batches, None if loaders is None else loaders.limits
-    fit_loop.max_batches = batches
-    if loaders is not None:
-        loaders.limits = limits if limits is not None else [batches] * len(loaders.flattened)
-    return before
-
-
-def is_sampler_wrapper(cls: type) -> bool:
-    return cls.__name__ == SAMPLER_WRAPPER and cls.__module__.startswith(_LIGHTNING_PACKAGES)
-
-
-def wrapped_sampler(sampler: Any) -> Any | None:
-    """The sampler that a DistributedSamplerWrapper ``sampler`` wraps; None for any other sampler."""
-    return sampler.dataset._sampler if any(is_sampler_wrapper(cls) for cls in type(sampler).__mro__) else None
-
-
-def restore_loader_positions(trainer: Any, positions: list[dict[str, Any]], start_over: Iterable[Any]) -> bool:
-    """Set the samplers' epoch, then give the loaders (but ``start_over``) their ``positions``, which Lightning gives
-    back too early or drops (#20550); True if it gave any (then :func:`remake_iterator`)."""
-    fit_loop = trainer.fit_loop
-    loaders = training_loaders(trainer)
-    stateful = [loader for loader in loaders if epoch_order.has_state(loader)]  # those the fit loop saved, in order
-    if not positions or fit_loop._data_fetcher is None or len(stateful) != len(positions):
-        return False  # (other loaders than those saved: Lightning raises on its own path)
-    epoch = epoch_now(trainer)
-    for loader in loaders:
-        samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
-        for set_epoch in {id(sampler): getattr(sampler, "set_epoch", None) for sampler in samplers}.values():
-            if callable(set_epoch):
-                set_epoch(epoch)
-    fresh = {id(loader) for loader in start_over}
-    given = [(loader, position) for loader, position in zip(stateful, positions) if id(loader) not in fresh]
-    for loader, position in given:
-        loader.load_state_dict(position)
-    fit_loop._combined_loader_states_to_load = []  # given back here, where Lightning dropped them (#20550)
-    return bool(given)
-
-
-def remake_iterator(trainer: Any) -> None:
-    fetcher = trainer.fit_loop._data_fetcher
-    if fetcher is not None:
-        iter(fetcher)
-
-
-# -- the loggers' runs ------------------------------------------------------------------------------
-def logger_kind(logger: Any) -> str | None:
-    """The name of the class of :data:`LOGGERS` that ``logger`` is (or subclasses), None for any other logger."""
-    lightnings = (cls.__name__ for cls in type(logger).__mro__ if cls.__module__.startswith(_LIGHTNING_PACKAGES))
-    return next((name for name in lightnings if name in LOGGERS), None)
-
-
-def logger_run(logger: Any, kind: str) -> Any:
-    """The run (version, or run id) ``logger`` writes to, if fixed already; None if it chooses one later."""
-    if kind == "WandbLogger":
-        if logger._experiment is not None:
-            return logger._experiment.id
-        active = getattr(sys.modules.get("wandb"), "run", None)  # a run the script made: the logger will take it
-        if active is not None:
-            return active.id
-    return getattr(logger, _RUN_NAMES[kind])
-
-
-def logger_made(logger: Any, kind: str) -> bool:
-    """Whether ``logger`` has made its run (its writer, its W&B or MLflow run) already."""
-    return bool(logger._initialized) if kind == "MLFlowLogger" else logger._experiment is not None
-
-
-def give_logger_run(logger: Any, kind: str, run: Any) -> None:
-    setattr(logger, _RUN_NAMES[kind], run)
-    if kind == "WandbLogger":
-        logger._wandb_init.update(id=run, resume="allow")
-    if kind == "CSVLogger":
-        _continue_csv(logger)
-
-
-def _continue_csv(logger: Any) -> None:
-    """Make the CSV logger's writer now, keeping the ``metrics.csv`` Lightning's deletes in a folder not empty."""
-    fs, folder = url_to_fs(str(logger.log_dir))
-    path = f"{folder.rstrip('/')}/metrics.csv"
-    kept = fs.cat_file(path) if fs.isfile(path) else None
-    with warnings.catch_warnings():  # "... Previous log files in this directory will be deleted ...": not this one
-        warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted")
-        writer = logger.experiment  # (called on global rank 0 only: elsewhere a placeholder would come back)
-    if kept is not None and not fs.isfile(path):
-        fs.pipe_file(path, kept)
-        header = next(csv.reader(io.StringIO(kept.decode())), [])
-        writer.metrics_keys = header  # as if it had written them: it appends to the file, or rewrites it for a new key
 
 
 # -- Fabric and Lightning's launcher --------------------------------------------------------------------

@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 from ddp_sigterm._core import epoch_order
 from ddp_sigterm._core.epoch_order import EpochPosition
 from ddp_sigterm._core.log import logger
-from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning import resume_internals
 from ddp_sigterm._lightning.internals import EpochLength
 
 KEY = "data_position"  # in the stop checkpoint's own entry (stop_checkpoints.KEY): what :func:`record` returns
@@ -29,7 +29,7 @@ class Resumed:
 
 def record(trainer: Any) -> dict[str, Any]:
     """The training data's place, or why not (an error too, logged: the save goes on), for a resume to say."""
-    loaders = internals.training_loaders(trainer)
+    loaders = resume_internals.training_loaders(trainer)
     entries = []
     for loader in loaders:
         try:
@@ -47,11 +47,11 @@ def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
     if not epoch_order.has_state(loader):
         return {"why": _no_state(loader)}
     own = epoch_order.own_sampler(batch_sampler)
-    wrapped = internals.wrapped_sampler(own)
+    wrapped = resume_internals.wrapped_sampler(own)
     batch_size = getattr(batch_sampler, "batch_size", None)
-    consumed = internals.batches_this_epoch(trainer) * batch_size if isinstance(batch_size, int) else 0
+    consumed = resume_internals.batches_this_epoch(trainer) * batch_size if isinstance(batch_size, int) else 0
     entry = epoch_order.record(batch_sampler, consumed, None if wrapped is None else own.dataset.__getitem__,
-                               internals.is_sampler_wrapper)
+                               resume_internals.is_sampler_wrapper)
     generator = getattr(wrapped, "generator", None)
     return {**entry, "samples": len(loader.dataset),
             "generator": generator.get_state() if isinstance(generator, torch.Generator) else None}
@@ -60,7 +60,7 @@ def _entry(trainer: Any, loader: Any) -> dict[str, Any]:
 def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
     """Before the resumed fit's loaders get their positions back: deal the rest of the epoch ``recorded`` where
     those would not give it, or start it over."""
-    loaders = internals.training_loaders(trainer)
+    loaders = resume_internals.training_loaders(trainer)
     resumed = Resumed()
     if recorded is None or not loaders:
         return resumed
@@ -81,7 +81,7 @@ def resume(trainer: Any, recorded: dict[str, Any] | None) -> Resumed:
         if why is not None:
             resumed.start_over.append(loader)  # not given its position: the epoch's first batch next
             resumed.changed = True
-            resumed.said.append(epoch_order.start_over_message(internals.epoch_now(trainer), before, now, why))
+            resumed.said.append(epoch_order.start_over_message(resume_internals.epoch_now(trainer), before, now, why))
     return resumed
 
 
@@ -101,7 +101,7 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any] | None, resu
     if len(loader.dataset) != entry["samples"]:
         return f"its dataset has {len(loader.dataset)} samples, {entry['samples']} at the stop"
     position = EpochPosition.from_dict(entry["position"])
-    if position.epoch != internals.epoch_now(trainer) or position.trained == len(position.order):
+    if position.epoch != resume_internals.epoch_now(trainer) or position.trained == len(position.order):
         return None  # the stopped epoch was over
     batch_sampler, own_length = loader.batch_sampler, len(loader.batch_sampler)
     # the loader's own restored position passes over as many samples as it had given out at the stop
@@ -111,8 +111,8 @@ def _deal_the_rest(trainer: Any, loader: Any, entry: dict[str, Any] | None, resu
         if trainer.limit_train_batches != 1.0:
             batch_sampler.sampler = sampler
             return f"limit_train_batches={trainer.limit_train_batches} cuts an epoch of another length"
-        resumed.lengths = internals.set_epoch_length(trainer, batches)
-    generator = getattr(internals.wrapped_sampler(sampler), "generator", None)
+        resumed.lengths = resume_internals.set_epoch_length(trainer, batches)
+    generator = getattr(resume_internals.wrapped_sampler(sampler), "generator", None)
     if entry["generator"] is not None and isinstance(generator, torch.Generator):
         generator.set_state(entry["generator"])  # its next draw is the next epoch's, as in the run that stopped
     resumed.changed = True

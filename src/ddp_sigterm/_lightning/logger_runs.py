@@ -9,6 +9,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from ddp_sigterm._lightning import internals, stop_checkpoints
+from ddp_sigterm._lightning.resume_internals import give_logger_run, logger_kind, logger_made, logger_run
 
 Runs = list[dict[str, Any] | None]
 
@@ -17,8 +18,8 @@ def record(loggers: list[Any], distribution: str) -> Runs:
     """Per logger ``{"logger": <class>, "run": <run>}``, or None where its run is not carried."""
     runs: Runs = []
     for logger in loggers:
-        kind = internals.logger_kind(logger)
-        run = None if kind is None or _unreachable(logger, kind, distribution) else internals.logger_run(logger, kind)
+        kind = logger_kind(logger)
+        run = None if kind is None or _unreachable(logger, kind, distribution) else logger_run(logger, kind)
         runs.append(None if run is None else {"logger": kind, "run": run})
     return runs
 
@@ -41,13 +42,13 @@ def give_back(loggers: list[Any], runs: Runs, distribution: str) -> tuple[list[s
     """Give each logger its recorded run unless it has another; returns what was given and the warnings."""
     given, kept = [], []
     for logger, saved in zip(loggers, runs):
-        kind = internals.logger_kind(logger)
+        kind = logger_kind(logger)
         if saved is None or kind is None or kind != saved["logger"] or _unreachable(logger, kind, distribution):
             continue
-        current, run = internals.logger_run(logger, kind), saved["run"]
+        current, run = logger_run(logger, kind), saved["run"]
         name = "version" if kind in ("TensorBoardLogger", "CSVLogger") else "run"
-        if current is None or (current == run and not internals.logger_made(logger, kind)):
-            internals.give_logger_run(logger, kind, run)  # (the stop's own version given in code: the CSV's rows)
+        if current is None or (current == run and not logger_made(logger, kind)):
+            give_logger_run(logger, kind, run)  # (the stop's own version given in code: the CSV's rows)
             given.append(f"{kind} {name} {run}")
         elif current != run:
             kept.append(f"ddp_sigterm: the {kind} is given {name} {current} before the fit: the fit resumed from a "

@@ -5,7 +5,6 @@ loaders' positions and loggers' runs back (docs/trainer.md)."""
 from __future__ import annotations
 
 import dataclasses
-import signal
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -13,15 +12,13 @@ from typing import Any
 import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException
 
-from ddp_sigterm import slurm
-from ddp_sigterm._core import epoch_order, exit_codes
+from ddp_sigterm._core import exit_codes
 from ddp_sigterm._core.coordinator import StopCoordinator
-from ddp_sigterm._core.decision import StopDecision
 from ddp_sigterm._core.log import logger
 from ddp_sigterm._core.settings import Settings, resolve
 from ddp_sigterm._core.signals import stop_signals
-from ddp_sigterm._core.stop_save import in_unison, save_in_unison
-from ddp_sigterm._lightning import internals, loader_positions, logger_runs, stop_checkpoints
+from ddp_sigterm._core.stop_save import save_in_unison
+from ddp_sigterm._lightning import at_stop, internals, loader_positions, logger_runs, resume_internals, stop_checkpoints
 from ddp_sigterm._lightning.registration import Integration, acting
 from ddp_sigterm._lightning.settings import TrainerSettings
 
@@ -159,9 +156,9 @@ class TrainerStop(Integration):
         if self._coordinator is None or not stop_checkpoints.is_one(trainer.ckpt_path):
             return
         resumed = loader_positions.resume(trainer, recorded)
-        given = internals.restore_loader_positions(trainer, positions, resumed.start_over)
+        given = resume_internals.restore_loader_positions(trainer, positions, resumed.start_over)
         if given or resumed.changed:
-            internals.remake_iterator(trainer)
+            resume_internals.remake_iterator(trainer)
         self._epoch_lengths = resumed.lengths
         for said in resumed.said:
             self.lightning.rank_zero_info(said)
@@ -172,11 +169,11 @@ class TrainerStop(Integration):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         lengths, self._epoch_lengths = self._epoch_lengths, None
         if lengths is not None:  # the epoch the package dealt is over: Lightning's own length again
-            internals.set_epoch_length(trainer, *lengths)
+            resume_internals.set_epoch_length(trainer, *lengths)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         recorded = checkpoint.get(stop_checkpoints.KEY, {}).get(loader_positions.KEY)
-        self._loaded = (internals.saved_loader_positions(checkpoint), recorded)
+        self._loaded = (resume_internals.saved_loader_positions(checkpoint), recorded)
 
     def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
         # Only where the optimizer stepped: stopping mid-accumulation would lose gradients.
@@ -217,7 +214,7 @@ class TrainerStop(Integration):
             if trainer.state.fn == "fit" and not trainer.sanity_checking and self.trainer_settings.save_checkpoint:
                 agreed += f"; checkpoint saved to {self._save_checkpoint(trainer, coordinator, step)}"
             if integration.requeue_signal is not None:  # SLURM, auto-requeue on
-                requeued = _requeue(trainer, coordinator, decision, integration.requeue_signal, step)
+                requeued = at_stop.requeue(trainer, coordinator, decision, integration.requeue_signal, step)
                 agreed += f"; SLURM job {requeued}" if requeued else ""
             self.lightning.rank_zero_info(agreed)  # the paths and the job id are rank 0's
         finally:
@@ -244,7 +241,7 @@ class TrainerStop(Integration):
         saved = save_in_unison(coordinator, write, path, writer=trainer.is_global_zero, step=step)
         if trainer.is_global_zero:
             stop_checkpoints.keep_newest(directory, self.trainer_settings.keep_checkpoints)
-            positionless = _positionless(trainer.train_dataloader)
+            positionless = at_stop.positionless(trainer.train_dataloader)
             if positionless:
                 logger.warning("ddp_sigterm: the training DataLoader's position in its epoch is not saved (%s has no "
                                "state_dict): the resumed run starts this epoch over and trains again on its batches "
@@ -285,41 +282,3 @@ def _same_world(world_size: int) -> bool:
     warnings.warn(f"ddp_sigterm: the Trainer runs on {world_size} processes but the default process group has "
                   f"{found}: the stop agreement is switched off for this Trainer", stacklevel=2)
     return False
-
-
-def _positionless(iterables: Any) -> list[str]:
-    """The class names of the loaders in ``iterables`` (nested in lists, tuples, dicts) with no position to save."""
-    if isinstance(iterables, dict):
-        iterables = list(iterables.values())
-    if isinstance(iterables, (list, tuple)):
-        return [name for value in iterables for name in _positionless(value)]
-    return [] if iterables is None or epoch_order.has_state(iterables) else [type(iterables).__name__]
-
-
-def _requeue(trainer: Any, coordinator: StopCoordinator, decision: StopDecision, requeue_signal: int,
-             step: int) -> str | None:
-    """Global rank 0 requeues the job if the stop is the requeue signal's or SLURM is preempting it; returns
-    ``"<job id> requeued: <why>"`` there if it did."""
-
-    def requeue_on_rank_0() -> str | None:
-        if not trainer.is_global_zero:
-            return None
-        if decision.requeue:
-            why = f"{coordinator.integration.stop_cause} came" if decision.notice else \
-                f"{signal.Signals(requeue_signal).name} is its requeue signal"
-        else:
-            try:
-                preempt_time = slurm.preempted()
-            except slurm.RequeueError as error:
-                warnings.warn(f"{error}; cannot tell whether SLURM is preempting the job: it is not requeued",
-                              stacklevel=2)
-                return None
-            if preempt_time is None:
-                return None
-            why = f"SLURM is preempting it (PreemptTime={preempt_time})"
-        requeued = f"{slurm.requeue()} requeued: {why}"
-        logger.info("rank %d of %d: SLURM job %s", trainer.global_rank, trainer.world_size, requeued)
-        return requeued
-
-    with coordinator.integration.waiting_for("`scontrol show job` / `scontrol requeue` (global rank 0)"):
-        return in_unison(coordinator, requeue_on_rank_0, "requeueing the SLURM job", step)

@@ -12,7 +12,7 @@ from torch.utils.data import DistributedSampler
 from torchdata.stateful_dataloader.sampler import RandomSampler, StatefulDistributedSampler
 
 from ddp_sigterm._core import epoch_order
-from ddp_sigterm._lightning import internals
+from ddp_sigterm._lightning import resume_internals
 
 
 class Bucketing(DistributedSampler):
@@ -33,4 +33,4 @@ class Plain(DistributedSampler):
     (DistributedSamplerWrapper(RandomSampler(range(8)), num_replicas=2, rank=0), True),
     (Bucketing(range(8), num_replicas=2, rank=0), False)], ids=lambda value: type(value).__name__)
 def test_the_order_is_known_where_the_sampler_deals_torchs(sampler: DistributedSampler, known: bool) -> None:
-    assert epoch_order.deals_global_order(sampler, internals.is_sampler_wrapper) is known
+    assert epoch_order.deals_global_order(sampler, resume_internals.is_sampler_wrapper) is known

@@ -6,7 +6,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from ddp_sigterm._lightning.trainer_stop import _positionless
+from ddp_sigterm._lightning.at_stop import positionless
 
 
 class Positioned:
@@ -25,9 +25,9 @@ class HalfPositioned:
 
 
 def test_positionless_names_each_loader_a_checkpoint_cannot_place_in_any_structure() -> None:
-    assert _positionless(None) == []
-    assert _positionless(Positioned()) == []
-    assert _positionless(DataLoader([1, 2])) == ["DataLoader"]
-    assert _positionless(HalfPositioned()) == ["HalfPositioned"]
+    assert positionless(None) == []
+    assert positionless(Positioned()) == []
+    assert positionless(DataLoader([1, 2])) == ["DataLoader"]
+    assert positionless(HalfPositioned()) == ["HalfPositioned"]
     nested = {"text": DataLoader([1]), "images": [Positioned(), (DataLoader([2]), HalfPositioned())]}
-    assert _positionless(nested) == ["DataLoader", "DataLoader", "HalfPositioned"]
+    assert positionless(nested) == ["DataLoader", "DataLoader", "HalfPositioned"]
