@@ -175,6 +175,7 @@ def test_a_stateful_loader_resumes_where_lightning_would_drop_its_position(tmp_p
     torch.testing.assert_close(weights(resumed), weights(straight), rtol=0, atol=0)
 
 
+@pytest.mark.extended  # which loaders have no position: tests/unit/lightning/test_trainer_stop.py
 def test_a_plain_loader_stop_says_once_that_the_position_is_not_saved(tmp_path: Path) -> None:
     """torch's DataLoader has no position to save: the resumed run starts the epoch over. The stop says so once,
     on rank 0, with what to use instead; and the resumed run does see the epoch's first batches again."""

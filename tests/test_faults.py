@@ -130,9 +130,10 @@ def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
 
 # -- SLURM auto-requeue ----------------------------------------------------------------------------
 # The job id of an array job and SLURM's preemption are read in tests/unit/test_slurm.py, and a real preemption is
-# requeued in tests/test_slurm.py; both signals at once (the agreed one is SIGTERM) in make test-extended.
-@pytest.mark.parametrize("case", ["job", pytest.param("with-sigterm", marks=pytest.mark.extended), "scontrol-fails",
-                                  "cannot-tell"])
+# requeued in tests/test_slurm.py; both signals at once (the agreed one is SIGTERM) and a failing requeue in make
+# test-extended.
+@pytest.mark.parametrize("case", ["job", pytest.param("with-sigterm", marks=pytest.mark.extended),
+                                  pytest.param("scontrol-fails", marks=pytest.mark.extended), "cannot-tell"])
 def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, case: str) -> None:
     """Under SLURM (its variables set, a stub ``scontrol`` on PATH that records its arguments) the
     requeue signal, SIGUSR1, reaches rank 1 (``with-sigterm``: and SIGTERM rank 0): every rank stops at the same
@@ -186,7 +187,8 @@ def test_exit_codes_every_time(tmp_path: Path, outcome: str) -> None:
 
 # -- bad input -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("env", "message"), [
-    ({"DDP_SIGTERM_STOP_DEADLINE": "soon"}, "DDP_SIGTERM_STOP_DEADLINE='soon': expected a number"),
+    pytest.param({"DDP_SIGTERM_STOP_DEADLINE": "soon"}, "DDP_SIGTERM_STOP_DEADLINE='soon': expected a number",
+                 marks=pytest.mark.extended),
     ({"DDP_SIGTERM_DEADLINE": "5"}, "Unknown environment variable(s) DDP_SIGTERM_DEADLINE"),
 ], ids=["bad-value", "unknown-variable"])  # every message: tests/unit/core/test_settings.py
 def test_bad_settings_stop_the_job_before_training_with_the_reason(tmp_path: Path, env: dict, message: str) -> None:
