@@ -148,10 +148,11 @@ def test_three_ranks_signalled_at_different_batches_last_rank_in_backward(tmp_pa
     assert_stopped_after(assert_unison_stop(result), 2)
 
 
+@patched
 @pytest.mark.parametrize("mode", ["independent", pytest.param("lightning", marks=pytest.mark.extended), "torchrun"])
 def test_every_process_signalled_with_dataloader_workers(tmp_path: Path, mode: str) -> None:
-    """As SLURM does: every process of the job, DataLoader workers included, gets SIGTERM. The package alone: the
-    pull requests leave the workers to torch's DataLoader, which dies of it (docs/upstream.md)."""
+    """As SLURM does: every process of the job, DataLoader workers included, gets SIGTERM. The package blocks it in
+    the workers it sees forked; with the pull requests, the workers leave it to the Trainer (PR 6)."""
     outside = OutsideSignal(rank=1, batch=3, targets="all")
     result = run_job(tmp_path, Scenario(num_workers=2, max_steps=60, batches=30), mode=mode, world_size=2,
                      timeout=MUST_FINISH, outside=outside)
