@@ -97,7 +97,7 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 
 .PHONY: test test-unit lint test-versions test-extended test-slurm test-multinode test-lightning test-upstream upstream-trees patched-lightning test-patched \
 	fetch-upstream venv \
-	soak bench bench-grace bench-multinode bench-master demo clean
+	soak bench bench-grace bench-multinode bench-master gpu-check demo clean
 
 # Every venv that runs the suite's jobs also has its support package, tests/support (ddp_sigterm_tests), editable.
 SUPPORT := -e tests/support
@@ -298,6 +298,17 @@ bench-master: $(VENV)/.installed upstream-trees $(VENV_UPSTREAM)/.installed $(VE
 # node counts are benchmarks/multinode.py's --nodes).
 bench-multinode: $(VENV)/.installed
 	trap '$(VENV)/bin/python tests/support/nodes.py cleanup' EXIT; $(VENV)/bin/python benchmarks/multinode.py
+
+# What one GPU can check (tools/gpu_check.py; under 5 minutes): PR 1's vote on a one-rank NCCL group under
+# torch.cuda.set_sync_debug_mode("error") and Lightning's batch-end window, with the patched build; a one-process CUDA
+# Trainer stopped by SIGTERM and one not, with the package and with the patched build. Both venvs need a CUDA build of
+# torch (the pinned release from an index that has it); exits 2 where there is no CUDA device. What needs two GPUs:
+# docs/upstream.md, "On GPUs".
+gpu-check: $(VENV)/.installed $(VENV_PATCHED)/.installed
+	$(VENV_PATCHED)/bin/python tools/gpu_check.py vote
+	$(VENV_PATCHED)/bin/python tools/gpu_check.py window
+	$(VENV)/bin/python tools/gpu_check.py trainer
+	$(VENV_PATCHED)/bin/python tools/gpu_check.py trainer
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py

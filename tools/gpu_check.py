@@ -1,4 +1,5 @@
-"""What one GPU can check of PR 1's CUDA path (docs/upstream.md, "On GPUs"): one line per check, exit 1 on a failure.
+"""What one GPU can check of PR 1's CUDA path (docs/upstream.md, "On GPUs"): one line per check, exit 1 on a failure,
+2 where there is no CUDA device. ``make gpu-check`` runs each check with the Python it needs (under 5 minutes).
 
     python tools/gpu_check.py vote       # PR 1's vote on a one-rank NCCL group: no host sync, never waits for the
                                          # current step's GPU work, the stop one vote late (the patched build imported)
@@ -45,6 +46,9 @@ def vote() -> None:
     trainer = SimpleNamespace(world_size=2, received_sigterm=False, strategy=strategy)
     _SIGTERMVote._PERIOD_US = 0  # a vote at every step, as with steps slower than the period: exact step counts
     sigterm = _SIGTERMVote(trainer)
+    waits = []  # the host's waits on an event: set_sync_debug_mode does not count them, so they are counted here
+    synchronize = torch.cuda.Event.synchronize
+    torch.cuda.Event.synchronize = lambda event: (waits.append(event), synchronize(event))[1]  # type: ignore[method-assign]
     x = torch.randn(8192, 8192, device="cuda")
     step_done = torch.cuda.Event()
     stops, running_after_check, check_ms, errors = [], 0, [], []
@@ -71,7 +75,10 @@ def vote() -> None:
         errors.append(str(error).splitlines()[0])
     finally:
         torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.Event.synchronize = synchronize  # type: ignore[method-assign]
     check("vote: no host sync under set_sync_debug_mode('error')", not errors, errors[0] if errors else "none raised")
+    print(f"note vote: {len(waits)} waits on the previous vote's event in {len(stops)} steps and the leaves (each "
+          "waits for the GPU work queued before that vote, a step or more ago)", flush=True)
     if errors:
         return
     check("vote: the stop comes one vote late", stops.index(True) == 6 if True in stops else False,
@@ -148,6 +155,10 @@ def window() -> None:
 
 
 if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print(f"no CUDA device here (torch {torch.__version__}): nothing checked; a CUDA build of torch and a GPU are "
+              "needed", flush=True)
+        sys.exit(2)
     try:
         {"vote": vote, "trainer": trainer, "window": window}[sys.argv[1]]()
     except Exception as error:  # reported, and the other checks of the script still run
