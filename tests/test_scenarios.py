@@ -196,6 +196,7 @@ def test_stop_latency_late_in_a_run_of_short_steps(tmp_path: Path) -> None:
     assert_latency(result)
 
 
+@pytest.mark.extended  # make test: test_stop_latency_late_in_a_run_of_short_steps
 def test_stop_bound_holds_when_steps_become_slower(tmp_path: Path) -> None:
     """600 steps of ~1 ms, then every step sleeps 100 times as long (0.1 s). Rank 1 is signalled at batch 605, in
     the slow phase: every rank stops within max(2 steps, max_delay) of the signal, however short the steps before
@@ -211,6 +212,7 @@ def test_stop_bound_holds_when_steps_become_slower(tmp_path: Path) -> None:
 
 
 @patched
+@pytest.mark.extended  # make test-patched runs it too (-m patched)
 def test_fast_validation_does_not_stretch_the_wait_in_slow_training(tmp_path: Path) -> None:
     """Validation batches take ~1 ms, training steps 200 ms: a signal in the first training step after validation
     stops within max_delay's worth of slow steps; how fast validation ran does not lengthen the wait."""
