@@ -4,7 +4,6 @@
 # PYTHON=... VENV=... build and use another interpreter's venv (.ci/run: the 3.11 stage).
 PYTHON ?= $(shell bash tools/python.sh 3.12)
 VENV ?= .venv
-VENV_TORCH := .venv-torch
 VENV_PATCHED := .venv-patched
 # The release the patch series is built on: patches/build.sh pins it (with its sha256).
 PATCHED_RELEASE := $(shell sed -n 's/^VERSION=//p' patches/build.sh)
@@ -101,66 +100,63 @@ UPSTREAM_TEST_FILES := tests_pytorch/trainer/connectors tests_pytorch/loops \
 
 # Every venv that runs the suite's jobs also has its support package, tests/support (ddp_sigterm_tests), editable.
 SUPPORT := -e tests/support
-$(VENV)/.installed: pyproject.toml tests/support/pyproject.toml requirements/constraints.txt requirements/test.txt \
-		requirements/storage.txt requirements/loggers.txt
+# Venvs are made by $(PYTHON) -m venv and filled by uv (build/uv, pinned): it downloads and compiles in parallel and
+# links what its cache (~/.cache/uv) already holds, so that every venv after the first costs seconds, torch included
+# (pip: 2 minutes for .venv). uv reads no pip.conf: the local wheels pip is pointed at here (PIP_FIND_LINKS, this
+# machine's CPU torch for Python 3.11) are passed on.
+UV := build/uv/bin/uv
+UV_INSTALL = $(UV) pip install --quiet --compile-bytecode $(addprefix --find-links ,$(PIP_FIND_LINKS)) --python
+$(UV):
 	@test -n "$(PYTHON)" || { echo "error: no Python 3.12 here (tools/python.sh); or set PYTHON=..." >&2; exit 1; }
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build
-	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
-	$(VENV)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt \
+	rm -rf build/uv
+	$(PYTHON) -m venv build/uv
+	build/uv/bin/pip install $(PIP_FLAGS) uv==0.13.10
+
+# A new venv $(1), empty.
+define new_venv
+	rm -rf $(1)
+	$(PYTHON) -m venv $(1)
+endef
+
+# torch pinned in every install: an unpinned torch would pull a newer multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml tests/support/pyproject.toml requirements/constraints.txt \
+		requirements/test.txt requirements/storage.txt requirements/loggers.txt | $(UV)
+	$(call new_venv,$(VENV))
+	$(UV_INSTALL) $(VENV) -c requirements/constraints.txt torch -r requirements/test.txt \
 		-r requirements/storage.txt -r requirements/loggers.txt -e ".[lightning,pytorch-lightning]" $(SUPPORT)
 	touch $@
 
 $(VENV)/.lint-installed: $(VENV)/.installed requirements/lint.txt
-	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/lint.txt
+	$(UV_INSTALL) $(VENV) -r requirements/lint.txt
 	touch $@
 
 # make test-versions' venvs, one per release but the pinned one, with both lightning and pytorch-lightning of that
-# release. torch is shared: installed once in $(VENV_TORCH), whose site-packages each release's venv (and the patched
-# and upstream venvs) sees through a .pth file (pip there counts it as installed), so a venv costs its own few
-# packages, not a torch (30 s each here).
-$(VENV_TORCH)/.installed: requirements/constraints.txt
-	rm -rf $(VENV_TORCH)
-	$(PYTHON) -m venv $(VENV_TORCH)
-	$(VENV_TORCH)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt torch
-	touch $@
-
-# A new venv $(1) that sees $(VENV_TORCH)'s torch.
-define torch_venv
-	rm -rf $(1)
-	$(PYTHON) -m venv $(1)
-	$(VENV_TORCH)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
-		> $$($(1)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/torch-base.pth
-endef
-
-.venv-lightning-%/.installed: $(VENV_TORCH)/.installed pyproject.toml tests/support/pyproject.toml \
-		requirements/test.txt
-	$(call torch_venv,$(@D))
-	$(@D)/bin/pip install $(PIP_FLAGS) -r requirements/test.txt torch==$(TORCH) lightning==$* pytorch-lightning==$*
-	$(@D)/bin/pip install $(PIP_FLAGS) --no-deps -e . $(SUPPORT)
+# release.
+.venv-lightning-%/.installed: pyproject.toml tests/support/pyproject.toml requirements/test.txt | $(UV)
+	$(call new_venv,$(@D))
+	$(UV_INSTALL) $(@D) -r requirements/test.txt torch==$(TORCH) lightning==$* pytorch-lightning==$*
+	$(UV_INSTALL) $(@D) --no-deps -e . $(SUPPORT)
 	touch $@
 
 # Lightning $(PATCHED_RELEASE) with patches/ applied (see patches/build.sh), built into dist/ and installed alone.
-$(VENV_PATCHED)/.installed: $(VENV_TORCH)/.installed patches/build.sh $(SERIES)/series \
+$(VENV_PATCHED)/.installed: patches/build.sh $(SERIES)/series \
 		$(wildcard $(SERIES)/base $(SERIES)/*.patch) requirements/constraints.txt requirements/test.txt \
-		tests/support/pyproject.toml
-	$(call torch_venv,$(VENV_PATCHED))
+		tests/support/pyproject.toml | $(UV)
+	$(call new_venv,$(VENV_PATCHED))
 	[ -d $(OPEN_PRS) ] || bash tools/fetch_upstream.sh $(LIGHTNING_SOURCES)  # the open PRs the series is stacked on
 	OPEN_PRS=$(OPEN_PRS) bash patches/build.sh $(VENV_PATCHED)/bin/python
-	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here
-	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt -r requirements/test.txt \
-		$(PATCHED_WHEEL) $(SUPPORT)
-	# Lightning's tests mark the flaky ones @pytest.mark.flaky (fabric's test_distributed.py)
-	$(VENV_PATCHED)/bin/pip install $(PIP_FLAGS) -c requirements/constraints.txt pytest-rerunfailures==16.1
+	# the patched wheel and the test tools only: ddp_sigterm is deliberately not installed here. Lightning's tests
+	# mark the flaky ones @pytest.mark.flaky (fabric's test_distributed.py): pytest-rerunfailures.
+	$(UV_INSTALL) $(VENV_PATCHED) -c requirements/constraints.txt torch -r requirements/test.txt \
+		$(PATCHED_WHEEL) $(SUPPORT) pytest-rerunfailures==16.1
 	touch $@
 
 # make test-upstream's venvs: torch, then the tree editable (the unified `lightning` package: PACKAGE_NAME=lightning)
 # and the test tools of requirements/upstream-test.txt. Built once: the tree's path does not change, so a
 # re-applied series is what they import. $(1): the venv, $(2): the tree.
 define upstream_venv
-	$(call torch_venv,$(1))
-	PACKAGE_NAME=lightning $(1)/bin/pip install $(PIP_FLAGS) -c requirements/constraints-upstream.txt \
+	$(call new_venv,$(1))
+	PACKAGE_NAME=lightning $(UV_INSTALL) $(1) -c requirements/constraints-upstream.txt torch \
 		-r requirements/upstream-test.txt -e $(CURDIR)/$(2)
 	touch $(1)/.installed
 endef
@@ -172,16 +168,16 @@ upstream-trees:
 	$(PYTHON) tools/upstream_suite.py prepare --archive $(LIGHTNING_MASTER) --series $(SERIES_MASTER) \
 		--open-prs $(OPEN_PRS) --into $(UPSTREAM)
 
-$(VENV_UPSTREAM)/.installed: $(VENV_TORCH)/.installed requirements/constraints-upstream.txt \
-		requirements/upstream-test.txt $(LIGHTNING_MASTER) | upstream-trees
+$(VENV_UPSTREAM)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
+		$(LIGHTNING_MASTER) | upstream-trees $(UV)
 	$(call upstream_venv,$(VENV_UPSTREAM),$(UPSTREAM)/master)
 
-$(VENV_UPSTREAM_PATCHED)/.installed: $(VENV_TORCH)/.installed requirements/constraints-upstream.txt \
-		requirements/upstream-test.txt $(LIGHTNING_MASTER) | upstream-trees
+$(VENV_UPSTREAM_PATCHED)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
+		$(LIGHTNING_MASTER) | upstream-trees $(UV)
 	$(call upstream_venv,$(VENV_UPSTREAM_PATCHED),$(UPSTREAM)/master-patched)
 
-$(VENV_UPSTREAM_BASE)/.installed: $(VENV_TORCH)/.installed requirements/constraints-upstream.txt \
-		requirements/upstream-test.txt $(LIGHTNING_MASTER) | upstream-trees
+$(VENV_UPSTREAM_BASE)/.installed: requirements/constraints-upstream.txt requirements/upstream-test.txt \
+		$(LIGHTNING_MASTER) | upstream-trees $(UV)
 	$(call upstream_venv,$(VENV_UPSTREAM_BASE),$(UPSTREAM)/master-base)
 
 venv: $(VENV)/.installed
@@ -276,7 +272,7 @@ soak: $(VENV)/.installed
 
 # Benchmarks (not a test: they measure, they do not check). Writes docs/benchmarks.md and its plot.
 $(VENV)/.bench-installed: $(VENV)/.installed requirements/bench.txt
-	$(VENV)/bin/pip install $(PIP_FLAGS) -r requirements/bench.txt
+	$(UV_INSTALL) $(VENV) -r requirements/bench.txt
 	touch $@
 
 bench: $(VENV)/.bench-installed $(VENV_PATCHED)/.installed
@@ -314,6 +310,6 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/python demo/demo.py
 
 clean:
-	rm -rf $(VENV) .venv-py3.* .venv-lightning-* $(VENV_TORCH) $(VENV_PATCHED) $(VENV_UPSTREAM) $(VENV_UPSTREAM_PATCHED) \
+	rm -rf $(VENV) .venv-py3.* .venv-lightning-* $(VENV_PATCHED) $(VENV_UPSTREAM) $(VENV_UPSTREAM_PATCHED) \
 		$(VENV_UPSTREAM_BASE) build dist \
 		src/*.egg-info .pytest_cache
