@@ -131,9 +131,10 @@ def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
 # -- SLURM auto-requeue ----------------------------------------------------------------------------
 # The job id of an array job and SLURM's preemption are read in tests/unit/test_slurm.py, and a real preemption is
 # requeued in tests/test_slurm.py; both signals at once (the agreed one is SIGTERM) and a failing requeue in make
-# test-extended.
+# test-extended, and so is a SIGTERM whose preemption scontrol cannot tell.
 @pytest.mark.parametrize("case", ["job", pytest.param("with-sigterm", marks=pytest.mark.extended),
-                                  pytest.param("scontrol-fails", marks=pytest.mark.extended), "cannot-tell"])
+                                  pytest.param("scontrol-fails", marks=pytest.mark.extended),
+                                  pytest.param("cannot-tell", marks=pytest.mark.extended)])
 def test_slurm_requeue_signal_stops_in_unison_and_requeues_once(tmp_path: Path, case: str) -> None:
     """Under SLURM (its variables set, a stub ``scontrol`` on PATH that records its arguments) the
     requeue signal, SIGUSR1, reaches rank 1 (``with-sigterm``: and SIGTERM rank 0): every rank stops at the same

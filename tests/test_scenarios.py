@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ddp_sigterm_tests.harness import HERE, JobResult, OutsideSignal, run_job
+from ddp_sigterm_tests.harness import JobResult, OutsideSignal, run_job
 from ddp_sigterm_tests.helpers import (
     HANG_BOUND,
     IMPLEMENTATION,
@@ -25,7 +25,6 @@ from ddp_sigterm_tests.helpers import (
     VAL_BATCHES,
     assert_finished,
     assert_latency,
-    assert_plain_loop_stopped,
     assert_signalled_yet_finished,
     assert_stopped_after,
     assert_unison_stop,
@@ -35,7 +34,7 @@ from ddp_sigterm_tests.scenario import Scenario
 
 pytestmark = pytest.mark.scenario
 # Marks the scenarios that hold for the patched Lightning too (``make test-patched``): all but those
-# about the package itself (its core in a plain loop, its opt-out).
+# about the package itself (its opt-out).
 patched = pytest.mark.patched
 
 
@@ -79,9 +78,10 @@ def assert_every_rank_logs_the_stop(result: JobResult, step: int) -> None:
 
 
 # Each launcher once, with the other rank signalled (the seed test: independent ranks, rank 0); which rank is signalled
-# changes nothing in the decision (the simulation in tests/unit/core/test_decision.py signals any).
+# changes nothing in the decision (the simulation in tests/unit/core/test_decision.py signals any). Lightning's launcher
+# with rank 1 signalled is the Trainer example's stop in make test (test_examples.py), and here in make test-extended.
 @patched
-@pytest.mark.parametrize(("mode", "rank"), [("lightning", 1), ("torchrun", 0)])
+@pytest.mark.parametrize(("mode", "rank"), [pytest.param("lightning", 1, marks=pytest.mark.extended), ("torchrun", 0)])
 def test_launchers(tmp_path: Path, mode: str, rank: int) -> None:
     result = fit(tmp_path, Scenario(inject=f"{rank}:2:batch_start"), mode=mode)
     assert_stopped_after(assert_unison_stop(result), 2)
@@ -160,14 +160,6 @@ def test_every_process_signalled_with_dataloader_workers(tmp_path: Path, mode: s
     assert "killed by signal" not in "".join(p.read_text() for p in result.logs.values()), result.describe()
     assert_unison_stop(result)
     assert_latency(result, signalled_at=outside.sent_at)
-
-
-def test_plain_torch_distributed_loop_under_torchrun(tmp_path: Path) -> None:
-    """The framework-agnostic core in a hand-written DDP loop: same guarantee, no Lightning."""
-    result = run_job(tmp_path, Scenario(inject="1:3", max_steps=80),  # > 3 + 1 s of steps
-                     mode="torchrun", world_size=2, timeout=MUST_FINISH, script=HERE / "plain_loop.py")
-    assert_stopped_after(assert_plain_loop_stopped(result), 3)
-    assert_latency(result)
 
 
 @pytest.mark.versions

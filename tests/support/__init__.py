@@ -8,8 +8,8 @@ benchmark all import it the same way, with no ``sys.path`` edit:
   injects into itself;
 * :mod:`.harness`: starting a job's processes, each in its own process group with a hard timeout, sending outside
   signals, reading what each rank reported; :mod:`.helpers`: the assertions the tests share;
-* the jobs themselves, run as scripts on every rank: :mod:`.scenario_train` (a Trainer), :mod:`.plain_loop` (a plain
-  torch.distributed loop), :mod:`.uneven_loop` (the schedule's re-sync);
+* the jobs themselves, run as scripts on every rank: :mod:`.scenario_train` (a Trainer), :mod:`.uneven_loop` (the
+  schedule's re-sync);
 * :mod:`.nodes` (network-namespace nodes, root) and :mod:`.slurm_cluster` (a private SLURM cluster:
   ``python -m ddp_sigterm_tests.slurm_cluster up build/slurm``).
 

@@ -142,26 +142,6 @@ def torchrun_restarts(max_restarts: int = 3) -> dict[str, str]:
             "PET_RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def assert_plain_loop_stopped(result: JobResult, ranks: tuple[int, ...] = (0, 1)) -> int:
-    """The plain loop (tests/support/plain_loop.py) stopped on ``ranks`` at the same step with exit 128 + SIGTERM, the
-    same decision on each, and rank 0 saved that step, once; returns the step."""
-    why = result.describe()
-    assert not result.timed_out, f"job did not finish within {MUST_FINISH}s (deadlock?)\n{why}"
-    stopped = {rank: result.outcomes[rank] for rank in ranks if rank in result.outcomes}
-    assert sorted(stopped) == list(ranks), f"missing rank outcomes\n{why}"
-    assert {o["exit_code"] for o in stopped.values()} == {SIGTERM_EXIT}, why
-    steps = {o["stopped_at"] for o in stopped.values()}
-    assert len(steps) == 1, f"ranks stopped at different steps\n{why}"
-    (step,) = steps
-    assert step is not None, why
-    assert len({(o["stop"]["signum"], o["stop"]["boundary"]) for o in stopped.values()}) == 1, why
-    assert result.returncodes["torchrun"] != 0, f"torchrun reported success\n{why}"
-    saved = sorted(result.out.glob("step*.pt"))
-    assert [p.name for p in saved] == [f"step{step}.pt"], f"{saved}\n{why}"
-    assert torch.load(saved[0], map_location="cpu", weights_only=False)["step"] == step, why
-    return step
-
-
 # -- the examples' output ("[rank R] ..." lines) ---------------------------------------------------
 
 class SignalAfterStep:

@@ -13,7 +13,7 @@ import dataclasses
 import signal
 
 # "validation" also means the test and predict batches of trainer.test / trainer.predict; "save" is while a
-# checkpoint is being saved (the stop checkpoint, in these scenarios). The plain loop knows "forward" only.
+# checkpoint is being saved (the stop checkpoint, in these scenarios).
 PHASES = ("batch_start", "forward", "backward", "optimizer", "validation", "epoch_end", "train_end", "save")
 
 

@@ -3,7 +3,7 @@ harness hands to every process of it, as JSON in one environment variable, ``SCE
 
 A test writes ``fit(tmp_path, Scenario(inject="1:2:forward", step_sleep=0.001))``; harness.py adds what the
 launch decides (the job's directory, the ranks per node and the nodes, which fix runs) and serialises the
-:class:`Job`; the job's script (scenario_train.py, plain_loop.py, the benchmarks' jobs) reads it once with
+:class:`Job`; the job's script (scenario_train.py, the benchmarks' jobs) reads it once with
 :meth:`Job.read`. What configures the harness itself (which Python runs the job, which fix that Python has,
 which Lightning release it must report) stays in environment variables the harness reads: see harness.py.
 """
@@ -27,9 +27,8 @@ LOGGERS = ("tensorboard", "csv", "wandb", "mlflow")
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A training job of scenario_train.py (plain_loop.py reads the fields it has): what it trains,
-    how long its steps take, and the faults it sends itself. The defaults: a fit of 12 steps of 20 ms, no
-    signal."""
+    """A training job of scenario_train.py: what it trains, how long its steps take, and the faults it sends itself.
+    The defaults: a fit of 12 steps of 20 ms, no signal."""
 
     stage: str = "fit"
     """``fit``, ``validate``, ``test``, ``predict``, or ``all``: the four back to back, each rank recording
