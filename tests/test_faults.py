@@ -77,6 +77,7 @@ def test_stuck_peer_signalled_rank_gives_up_at_the_deadline(tmp_path: Path) -> N
     assert result.checkpoints() == [], why
 
 
+@pytest.mark.extended  # make test's 6 minutes: the stuck peer's test stays there
 def test_dead_peer_signalled_rank_exits_nonzero_within_the_deadline(tmp_path: Path) -> None:
     """Rank 0 is killed (SIGKILL: a lost node), and rank 1, waiting for it in the step's all-reduce, gets
     SIGTERM right after. Rank 1 must neither claim a clean stop nor hang: it exits non-zero, naming the
@@ -112,6 +113,7 @@ def test_second_signal_during_the_save_does_not_interrupt_it(tmp_path: Path) -> 
     assert_finished(resumed, steps=12)
 
 
+@pytest.mark.extended  # make test's 6 minutes: the second signal's test stays there
 def test_third_signal_ends_the_process_at_once(tmp_path: Path) -> None:
     """The documented escalation: a third stop request (2 s apart) ends the process now, mid-save; its peer
     then cannot complete the stop either and exits non-zero; no checkpoint claims to be complete."""

@@ -76,6 +76,7 @@ def test_a_failed_save_exits_200_everywhere_and_leaves_no_partial_file(tmp_path:
     assert not list(tmp_path.glob(".ddp_sigterm*")), why
 
 
+@pytest.mark.extended  # make test's 6 minutes
 def test_keep_newest_deletes_only_older_stop_checkpoints(tmp_path: Path) -> None:
     from ddp_sigterm._lightning import stop_checkpoints
 
