@@ -32,14 +32,15 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 	tests/test_scenarios.py tests/test_examples.py
 # Lightning's own tests of what the series changes, from its 2.6.5 tests with the series' tests/ hunks applied
 # (patches/build.sh --tests): the test_auto_restart_under_signal cases, the signal connector's tests, the
-# SIGTERMException's tests, PR 1's multi-process tests (test_ddp_sigterm_handling.py), and fabric's
+# SIGTERMException's tests, PR 1's and PR 7's multi-process tests (test_ddp_sigterm_handling.py,
+# test_ddp_sigterm_evaluation.py), and fabric's
 # test_distributed.py (run apart: another conftest). Run from the tests/ folder, as Lightning's CI does, by the patched
 # build alone.
 RELEASE_TESTS := build/lightning-$(PATCHED_RELEASE)-tests/tests
 RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
 PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/utilities/test_auto_restart.py \
 	tests_pytorch/trainer/connectors/test_signal_connector.py tests_pytorch/utilities/test_exceptions.py \
-	tests_pytorch/trainer/test_ddp_sigterm_handling.py \
+	tests_pytorch/trainer/test_ddp_sigterm_handling.py tests_pytorch/trainer/test_ddp_sigterm_evaluation.py \
 	&& $(RELEASE_PYTEST) tests_fabric/utilities/test_distributed.py
 
 # Lightning's sources that no package index has: its tests (the release sdist has none), its master snapshot and the

@@ -1,13 +1,15 @@
 """What one GPU can check of PR 1's CUDA path (docs/upstream.md, "On GPUs"): one line per check, exit 1 on a failure,
 2 where there is no CUDA device. ``make gpu-check`` runs each check with the Python it needs (under 5 minutes).
 
-    python tools/gpu_check.py vote       # PR 1's vote on a one-rank NCCL group: no host sync, never waits for the
-                                         # current step's GPU work, the stop one vote late (the patched build imported)
+    python tools/gpu_check.py vote       # the series' vote on a one-rank NCCL group: no .item(), blocking copy or
+                                         # stream sync; never waits for the current step's GPU work; the stop one vote
+                                         # late (the patched build imported)
     python tools/gpu_check.py trainer    # a one-process CUDA Trainer: SIGTERM at batch 2 stops it (143), then a run
                                          # without a signal finishes (0); with whichever Lightning (and package) imports
     python tools/gpu_check.py window     # Lightning's own code between on_train_batch_end and the next
                                          # on_train_batch_start makes no host sync on CUDA, so that the two-GPU test
-                                         # test_sigterm_vote_adds_no_host_sync measures the vote alone
+                                         # test_sigterm_vote_waits_for_no_gpu_work_of_the_current_batch measures the
+                                         # vote alone
 
 Two ranks on NCCL need two GPUs (one GPU cannot hold two NCCL ranks): there, Lightning's own test file runs its
 ``cuda`` cases, ``PL_RUN_CUDA_TESTS=1 python -m pytest tests_pytorch/trainer/test_ddp_sigterm_handling.py`` from the
@@ -53,7 +55,7 @@ def vote() -> None:
     step_done = torch.cuda.Event()
     stops, running_after_check, check_ms, errors = [], 0, [], []
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # any host sync raises from here on
+    torch.cuda.set_sync_debug_mode("error")  # an .item(), a blocking copy or a stream sync raises from here on
     try:
         for step in range(12):
             for _ in range(20):  # a step of GPU work, about 30 ms on an H100
@@ -66,7 +68,10 @@ def vote() -> None:
             running_after_check += not step_done.query()  # the check returned before this step's GPU work ended
             if stops[-1]:
                 break
-        left = sigterm.leave()  # as at the epoch end: a blocking vote, under the same sync check
+        trainer.received_sigterm, ended = False, _SIGTERMVote(trainer)
+        at_epoch_end = [ended.poll(), ended.poll(now=True)]  # a batch's vote, then the epoch end's: no signal
+        trainer.received_sigterm = True
+        at_epoch_end.append(ended.poll(now=True))  # the epoch end votes on the flag as it is now and waits
         trainer.received_sigterm, leaving = False, _SIGTERMVote(trainer)  # an evaluation run without a signal
         last = [leaving.poll(), leaving.poll(), leaving.poll(last=True)]  # its last batch starts the vote that leaves
         x = torch.tanh(x @ x / 8192)  # the last batch's GPU work
@@ -76,7 +81,8 @@ def vote() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
         torch.cuda.Event.synchronize = synchronize  # type: ignore[method-assign]
-    check("vote: no host sync under set_sync_debug_mode('error')", not errors, errors[0] if errors else "none raised")
+    check("vote: no .item(), blocking copy or stream sync under set_sync_debug_mode('error') (an event wait is none "
+          "of these)", not errors, errors[0] if errors else "none raised")
     print(f"note vote: {len(waits)} waits on the previous vote's event in {len(stops)} steps and the leaves (each "
           "waits for the GPU work queued before that vote, a step or more ago)", flush=True)
     if errors:
@@ -86,7 +92,8 @@ def vote() -> None:
     check("vote: never waits for the current step's GPU work", running_after_check >= len(stops) - 2,
           f"the step's GPU work was still running when the check returned in {running_after_check} of {len(stops)} "
           f"steps; check {min(check_ms):.2f}-{max(check_ms):.2f} ms on the host")
-    check("vote: leave() on CUDA", left == (1, 0), f"leave()={left}: (ranks that received SIGTERM, ranks in the loop)")
+    check("vote: the epoch end's vote on CUDA", at_epoch_end == [False, False, True],
+          f"poll(), poll(now=True), then with a signal poll(now=True): {at_epoch_end}")
     check("vote: leaving an evaluation loop", last == [False, False, False, (0, 0)],
           f"poll(), poll(), poll(last=True), leave(): {last}")
     dist.destroy_process_group()

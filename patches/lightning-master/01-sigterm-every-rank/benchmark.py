@@ -9,8 +9,8 @@ Blocks of steps take turns: the SIGTERM check as the installed Lightning has it,
 Rank 0 prints the mean time per step of each half (validation included) and their ratio. The check, by Lightning:
 
 - ``master``: #20825's broadcast from rank 0 at every training batch (``_broadcast_sigterm_tensor``);
-- this pull request: the vote of ``_SIGTERMVote`` at training and validation batches (every batch, or every 0.1 s
-  when they are faster), and on leaving a loop;
+- this pull request: the vote of ``_SIGTERMVote`` at every training batch and at the epoch end; with the evaluation
+  loops' pull request, at every evaluation batch and where a rank leaves an evaluation dataloader too;
 - #21666 alone: none; both halves run the same code, and the ratio shows the noise of the measurement.
 """
 
@@ -71,9 +71,10 @@ class Interleave(pl.Callback):
             loop._broadcast_sigterm_tensor = lambda: broadcast() if self.checking else None
         elif hasattr(utilities, "_SIGTERMVote"):  # this pull request: every rank turns it on and off at the same step
             vote = utilities._SIGTERMVote
-            poll, leave = vote.poll, vote.leave
-            vote.poll = lambda s, last=False: poll(s, last) if self.checking else s.trainer.received_sigterm
-            vote.leave = lambda s: leave(s) if self.checking else (int(s.trainer.received_sigterm), 0)
+            poll, leave = vote.poll, getattr(vote, "leave", None)
+            vote.poll = lambda s, *a, **k: poll(s, *a, **k) if self.checking else s.trainer.received_sigterm
+            if leave is not None:  # the evaluation loops' pull request
+                vote.leave = lambda s: leave(s) if self.checking else (int(s.trainer.received_sigterm), 0)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.checking = (trainer.global_step // self.block) % 2 == 0
