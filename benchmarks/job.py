@@ -8,7 +8,7 @@ turns (rotated every round, the same schedule on every rank since it follows the
 * ``nocheck``: no SIGTERM check at all (Lightning's per-step broadcast switched off too);
 * ``stock``: the per-step broadcast from rank 0 of #20825, as released in 2.6.6 (and on Lightning's master);
 * ``package``: ddp_sigterm with its defaults;
-* ``patched``: the patched Lightning's vote at batch ends, every one or 0.1 s apart (in the patched environment).
+* ``patched``: the patched Lightning's vote at every batch end (in the patched environment).
 
 Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
 (it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
@@ -86,7 +86,9 @@ class Modes(Callback):
         vote = getattr(loop_utilities, "_SIGTERMVote", None)
         if vote is not None:  # the patched Lightning's training loop polls it at the end of each batch
             poll = vote.poll
-            vote.poll = lambda sigterm: poll(sigterm) if self.mode == "patched" else sigterm.trainer.received_sigterm
+            vote.poll = lambda sigterm, *args, **kwargs: (
+                poll(sigterm, *args, **kwargs) if self.mode == "patched" else sigterm.trainer.received_sigterm
+            )
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step
