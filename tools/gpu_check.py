@@ -46,8 +46,13 @@ def vote() -> None:
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
     strategy = SimpleNamespace(root_device=torch.device("cuda:0"))
     trainer = SimpleNamespace(world_size=2, received_sigterm=False, strategy=strategy)
-    _SIGTERMVote._PERIOD_US = 0  # a vote at every step, as with steps slower than the period: exact step counts
-    sigterm = _SIGTERMVote(trainer)
+
+    def every_step() -> _SIGTERMVote:  # a vote at every step, as with steps slower than the period: exact step counts
+        vote = _SIGTERMVote(trainer)
+        vote._period_us = 0
+        return vote
+
+    sigterm = every_step()
     waits = []  # the host's waits on an event: set_sync_debug_mode does not count them, so they are counted here
     synchronize = torch.cuda.Event.synchronize
     torch.cuda.Event.synchronize = lambda event: (waits.append(event), synchronize(event))[1]  # type: ignore[method-assign]
@@ -68,11 +73,11 @@ def vote() -> None:
             running_after_check += not step_done.query()  # the check returned before this step's GPU work ended
             if stops[-1]:
                 break
-        trainer.received_sigterm, ended = False, _SIGTERMVote(trainer)
+        trainer.received_sigterm, ended = False, every_step()
         at_epoch_end = [ended.poll(), ended.poll(now=True)]  # a batch's vote, then the epoch end's: no signal
         trainer.received_sigterm = True
         at_epoch_end.append(ended.poll(now=True))  # the epoch end votes on the flag as it is now and waits
-        trainer.received_sigterm, leaving = False, _SIGTERMVote(trainer)  # an evaluation run without a signal
+        trainer.received_sigterm, leaving = False, every_step()  # an evaluation run without a signal
         last = [leaving.poll(), leaving.poll(), leaving.poll(last=True)]  # its last batch starts the vote that leaves
         x = torch.tanh(x @ x / 8192)  # the last batch's GPU work
         last.append(leaving.leave())
