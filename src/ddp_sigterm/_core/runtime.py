@@ -1,6 +1,6 @@
 """The runtime: the one owner of everything the package does to the process: its gloo groups, the recording
-handlers, its threads (heartbeat, deadline, notice watch), the wakeup fd, the at-fork hook and exit functions
-(``workers.py``), and the way out after a stop: 128 + the signal (docs/how-it-works.md, sections 6 and 7).
+handlers, its threads (heartbeat, deadline, notice watch), the wakeup fd, the at-fork hook (``workers.py``), exit
+functions, and the way out after a stop: 128 + the signal (docs/how-it-works.md, sections 6 and 7).
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ class Runtime:
 
     def start(self, handlers: bool, heartbeat: Heartbeat | None = None, deadline: Deadline | None = None,
               watch: NoticeWatch | None = None) -> None:
-        """DataLoader workers forked from now on block the stop signals; the given bodies get their threads (the
-        deadline only in the main thread, the only one with a wakeup fd and signal handlers)."""
+        """DataLoader workers forked from now on leave the stop signals to this process; the given bodies get their
+        threads (the deadline only in the main thread, the only one with a wakeup fd and signal handlers)."""
         if self._started:
             return
         self._started = True

@@ -1,6 +1,6 @@
-"""ddp_sigterm/_core/runtime.py: what the package does to the process: DataLoader workers block the recorded
-signals (while they live, and at the interpreter's exit), the way out after a stop, handlers and threads that a
-closed runtime leaves no trace of."""
+"""ddp_sigterm/_core/runtime.py: what the package does to the process: DataLoader workers leave the recorded signals
+to their DataLoader's process and end with it, the way out after a stop, handlers and threads that a closed runtime
+leaves no trace of."""
 
 from __future__ import annotations
 
@@ -82,9 +82,40 @@ def test_dataloader_workers_block_the_signal_other_forked_children_keep_it() -> 
         list(loader)
 
 
+def _sigterm_from_another_process(pid: int) -> None:
+    """As SLURM's ``scancel`` sends it: from outside, to every process of the job."""
+    subprocess.run([sys.executable, "-c", f"import os, signal; os.kill({pid}, signal.SIGTERM)"], check=True, timeout=60)
+
+
+def test_dataloader_worker_drops_a_sigterm_from_outside_and_ends_on_its_loaders() -> None:
+    """The worker survives a SIGTERM from another process; its DataLoader's process ends it at once with one, as
+    torch's shutdown does (terminate() after its join's timeout) and multiprocessing's exit, with exit code 0 as
+    torch's worker; the main process gets no thread of the package's."""
+    runtime = Runtime(SignalRecorder((signal.SIGTERM,)))
+    runtime.start(handlers=True)
+    try:
+        loader = torch.utils.data.DataLoader(list(range(64)), num_workers=1, multiprocessing_context="fork",
+                                             timeout=60)
+        batches = iter(loader)
+        next(batches)
+        (worker,) = multiprocessing.active_children()
+        _sigterm_from_another_process(worker.pid)
+        worker.join(timeout=1.0)
+        assert worker.is_alive()
+        assert next(batches) is not None  # and still serves its batches
+        assert not [thread.name for thread in threading.enumerate() if thread.name.startswith("ddp_sigterm")]
+        worker.terminate()
+        worker.join(timeout=10)
+        assert worker.exitcode == 0
+        del batches
+    finally:
+        _closed(runtime)
+
+
 def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> None:
-    """multiprocessing ends daemonic children at exit with SIGTERM, then joins them; DataLoader workers
-    that block SIGTERM must still end (found by the soak: a stop during validation, persistent workers)."""
+    """multiprocessing ends daemonic children at exit with SIGTERM, then joins them without a timeout: DataLoader
+    workers that leave SIGTERM to their parent must still end on it (found by the soak: a stop during validation,
+    persistent workers)."""
     script = (
         "import signal, torch\n"
         "from ddp_sigterm._core.runtime import Runtime\n"
@@ -106,7 +137,7 @@ def test_process_exits_while_its_protected_dataloader_workers_are_alive() -> Non
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     assert child.returncode == 0, out
-    # torch's SIGCHLD handler raising for the killed workers: it cut the kills short (a hang, 1 CI run in ~10)
+    # torch's SIGCHLD handler raises for a worker ended by a signal (the workers exit 0)
     assert "Traceback" not in out, out
 
 
