@@ -205,6 +205,7 @@ def test_bad_settings_stop_the_job_before_training_with_the_reason(tmp_path: Pat
         "train" not in p.read_text() for p in tmp_path.glob("progress.rank*")), why
 
 
+@pytest.mark.extended  # make test's 6 minutes: a failed save's exit is test_storage.py's, in make test
 def test_checkpoint_directory_not_writable_at_stop(tmp_path: Path) -> None:
     """default_root_dir becomes non-writable just before the signal: the ranks still stop together, at
     the same step, and every rank exits non-zero with the reason; nothing claims to be a checkpoint."""

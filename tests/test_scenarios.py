@@ -180,6 +180,7 @@ def test_release_stops_in_unison_and_resumes(tmp_path: Path, package: str, rank:
 
 
 @patched
+@pytest.mark.extended  # make test's 6 minutes: its other jobs assert the latency of their stop
 def test_stop_latency_late_in_a_run_of_short_steps(tmp_path: Path) -> None:
     """A signal late in a run of short steps stops within max_delay."""
     result = fit(tmp_path, Scenario(inject="1:250:forward", step_sleep=0.001, max_steps=900, batches=900))
