@@ -8,7 +8,8 @@ turns (rotated every round, the same schedule on every rank since it follows the
 * ``nocheck``: no SIGTERM check at all (Lightning's per-step broadcast switched off too);
 * ``stock``: the per-step broadcast from rank 0 of #20825, as released in 2.6.6 (and on Lightning's master);
 * ``package``: ddp_sigterm with its defaults;
-* ``patched``: the patched Lightning's vote at every batch end (in the patched environment).
+* ``patched``: the patched Lightning's vote, polled at every batch end: a vote at every batch, or 0.1 s apart when
+  batches are faster (in the patched environment).
 
 Comparing the modes inside one job, block against block, keeps the noise of a busy 2-core machine
 (it moves whole jobs by +-15%) out of the ratios. A step's time is from its ``on_train_batch_start``
