@@ -33,9 +33,8 @@ PYTEST_PATCHED := SCENARIO_PYTHON=$(CURDIR)/$(VENV_PATCHED)/bin/python SCENARIO_
 # Lightning's own tests of what the series changes, from its 2.6.5 tests with the series' tests/ hunks applied
 # (patches/build.sh --tests): the test_auto_restart_under_signal cases, the signal connector's tests, the
 # SIGTERMException's tests, PR 1's and PR 7's multi-process tests (test_ddp_sigterm_handling.py,
-# test_ddp_sigterm_evaluation.py), and fabric's
-# test_distributed.py (run apart: another conftest). Run from the tests/ folder, as Lightning's CI does, by the patched
-# build alone.
+# test_ddp_sigterm_evaluation.py), and fabric's test_distributed.py (run apart: another conftest). Run from the tests/
+# folder, as Lightning's CI does, by the patched build alone.
 RELEASE_TESTS := build/lightning-$(PATCHED_RELEASE)-tests/tests
 RELEASE_PYTEST := OMP_NUM_THREADS=1 $(CURDIR)/$(VENV_PATCHED)/bin/python -m pytest -ra -p no:cacheprovider
 PYTEST_LIGHTNING_TEST := cd $(RELEASE_TESTS) && $(RELEASE_PYTEST) tests_pytorch/utilities/test_auto_restart.py \
